@@ -1,0 +1,1 @@
+"""Performance measurements (run as scripts; not tests)."""

@@ -1,0 +1,1 @@
+"""Data-generation pipelines (AutoExplore, DangerousTaxi, ALFWorld) and the LLM client."""

@@ -1,0 +1,1 @@
+"""Text environments behind one gymnasium API: DangerousTaxi, AutoExplore, ALFWorld."""

@@ -1,0 +1,1 @@
+"""Evaluation of trained configurations and of API models."""

@@ -1,0 +1,161 @@
+"""ScriptArguments: defaults, YAML vs CLI precedence, validation, the CPU fallback."""
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from experiment_args import ScriptArguments, parse_args
+from tests.conftest import REPO
+
+
+def test_defaults_follow_the_paper():
+    args = ScriptArguments()
+    assert args.model_name == "gpt2-xl"
+    assert (args.peft_lora_r, args.peft_lora_alpha, args.lora_dropout) == (64, 16, 0.1)
+    assert (args.learning_rate, args.lr_scheduler_type, args.warmup_ratio) == (2e-4, "constant", 0.03)
+    assert (args.max_grad_norm, args.max_seq_length, args.weight_decay) == (0.3, 1024, 0.001)
+    assert (args.trainer, args.baseline, args.replay_buffer_size) == ("pg", "none", 50)
+    assert (args.ppo_clip, args.ppo_epochs, args.temperature) == (0.1, 3, 1.0)
+    assert args.reflect_max_new_tokens == 100 and args.merge_after_first_k == 3
+    assert args.api == "openai" and args.model == "gpt-4" and args.base_url == "http://localhost:1234/v1"
+
+
+def test_paper_readme_flags_parse():
+    args = parse_args([
+        "--env=auto_explore", "--task_file=data/auto_explore/tasks_filtered/train.json",
+        "--load_dir=results/123_supervised_pretrain/checkpoint-2000/",
+        "--reflectload_dir=results/124_supervised_pretrain/checkpoint-2000/",
+        "--save_steps=100", "--shuffle_action=True", "--shrink_head", "--depth_curriculum", "--merge_first_two",
+        "--per_device_eval_batch_size=10", "--eval_reps=100", "--max_steps=2000",
+    ])
+    assert args.reflect_load_dir == "results/124_supervised_pretrain/checkpoint-2000/"
+    assert args.shuffle_action and args.shrink_head and args.depth_curriculum and args.merge_first_two
+    assert args.use_reflection
+    assert (args.per_device_eval_batch_size, args.eval_reps, args.save_steps) == (10, 100, 100)
+
+
+def test_yaml_config_is_overridden_by_cli(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 1.0e-3\nmax_steps: 7\nshrink_head: true\nenv: taxi\n"
+                      "lora_target_modules: [c_attn, c_proj]\n")
+    args = parse_args([f"--config={config}", "--max_steps=9"])
+    assert args.learning_rate == 1e-3 and args.shrink_head and args.env == "taxi"
+    assert args.max_steps == 9
+    assert args.lora_target_modules == ["c_attn", "c_proj"]
+    assert parse_args(["--max_steps=3", "--config", str(config)]).max_steps == 3
+
+
+def test_yaml_unknown_key_is_an_error(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("learning_rate: 0.1\nlearnin_rate: 0.2\n")
+    with pytest.raises(SystemExit):
+        parse_args([f"--config={config}"])
+    err = capsys.readouterr().err
+    assert "learnin_rate" in err and str(config) in err
+
+
+def test_missing_config_file_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args([f"--config={tmp_path / 'nope.yaml'}"])
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_bad_yaml_type_names_the_flag(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("max_steps: many\n")
+    with pytest.raises(SystemExit):
+        parse_args([f"--config={config}"])
+    assert "--max_steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, flag",
+    [
+        ({"env": "chess"}, "--env"),
+        ({"trainer": "dqn"}, "--trainer"),
+        ({"baseline": "median"}, "--baseline"),
+        ({"api": "bard"}, "--api"),
+        ({"load_in_8bit": True, "load_in_4bit": True}, "--load_in_4bit"),
+        ({"bf16": True, "fp16": True}, "--fp16"),
+        ({"peft_lora_r": 0}, "--peft_lora_r"),
+        ({"lora_dropout": 1.0}, "--lora_dropout"),
+        ({"max_seq_length": 4}, "--max_seq_length"),
+        ({"learning_rate": 0.0}, "--learning_rate"),
+        ({"weight_decay": -1.0}, "--weight_decay"),
+        ({"max_grad_norm": 0.0}, "--max_grad_norm"),
+        ({"warmup_ratio": 1.5}, "--warmup_ratio"),
+        ({"max_steps": 0}, "--max_steps"),
+        ({"per_device_eval_batch_size": 0}, "--per_device_eval_batch_size"),
+        ({"per_device_train_batch_size": 0}, "--per_device_train_batch_size"),
+        ({"eval_reps": 0}, "--eval_reps"),
+        ({"save_steps": 0}, "--save_steps"),
+        ({"ppo_epochs": 0}, "--ppo_epochs"),
+        ({"reflect_max_new_tokens": 0}, "--reflect_max_new_tokens"),
+        ({"horizon": 0}, "--horizon"),
+        ({"leaveout_prob": 1.2}, "--leaveout_prob"),
+        ({"reflect_prob": -0.1}, "--reflect_prob"),
+        ({"temperature": 0.0}, "--temperature"),
+        ({"replay_buffer_size": -1}, "--replay_buffer_size"),
+        ({"replay_batch_size": -1}, "--replay_batch_size"),
+        ({"ppo_clip": 0.0}, "--ppo_clip"),
+        ({"refuel_eta": 0.0}, "--refuel_eta"),
+        ({"alfworld_timeout": 0.0}, "--alfworld_timeout"),
+        ({"env": "auto_explore", "taxi_curriculum": True}, "--taxi_curriculum"),
+        ({"env": "taxi", "depth_curriculum": True}, "--depth_curriculum"),
+        ({"merge_first_two": True}, "--merge_first_two"),
+        ({"curriculum_index": 0}, "--curriculum_index"),
+        ({"env": "taxi", "taxi_curriculum": True, "curriculum_index": 3}, "--curriculum_index"),
+        ({"depth_curriculum": True, "curriculum_index": -1}, "--curriculum_index"),
+        ({"merge_after_first_k": 0}, "--merge_after_first_k"),
+        ({"env": "alfworld", "first_step": True}, "--first_step"),
+        ({"trainer": "refuel", "baseline": "mean"}, "--baseline"),
+        ({"base_url": "localhost:1234"}, "--base_url"),
+    ],
+)
+def test_validation_errors_name_the_flag(overrides, flag):
+    with pytest.raises(ValueError, match=flag):
+        ScriptArguments(**overrides)
+
+
+def test_cli_validation_error_is_a_clean_exit(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--temperature=0"])
+    assert exit_info.value.code == 2
+    assert "--temperature: must be > 0" in capsys.readouterr().err
+
+
+def test_gpu_defaults_fall_back_on_cpu_with_one_warning(caplog, monkeypatch):
+    monkeypatch.setattr("experiment_args._cuda_available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="experiment_args"):
+        args = ScriptArguments()
+    assert not (args.load_in_8bit or args.load_in_4bit or args.bf16 or args.fp16)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "--load_in_8bit" in warnings[0].getMessage() and "--bf16" in warnings[0].getMessage()
+
+
+def test_gpu_defaults_kept_with_cuda(monkeypatch):
+    monkeypatch.setattr("experiment_args._cuda_available", lambda: True)
+    args = ScriptArguments()
+    assert args.load_in_8bit and args.bf16
+
+
+def test_reflection_switch():
+    assert not ScriptArguments().use_reflection
+    assert ScriptArguments(reflect_load_dir="r").use_reflection
+    assert not ScriptArguments(reflect_load_dir="r", reflect=False).use_reflection
+    assert parse_args(["--reflect"]).reflect is True
+
+
+@pytest.mark.parametrize("script", ["supervised_pretrain.py", "rl_finetune.py"])
+def test_help_lists_flags_with_help(script):
+    out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout
+    for flag in ("--model_name", "--load_dir", "--reflect_model_name", "--reflect_load_dir", "--ckpt_path",
+                 "--max_steps", "--save_steps", "--task_file", "--env", "--trainer", "--shrink_head",
+                 "--shuffle_action", "--depth_curriculum", "--merge_first_two", "--taxi_curriculum",
+                 "--per_device_eval_batch_size", "--eval_reps", "--seed", "--config"):
+        assert flag in out, flag
+    assert "Adam learning rate" in out and "reinforcement learning:" in out

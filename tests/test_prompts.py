@@ -1,0 +1,58 @@
+"""The one prompt builder: splits, markers, SFT texts and completions."""
+
+import pytest
+
+from prompts import (
+    ACTION_MARKER,
+    ANALYZE_MARKER,
+    LABELS,
+    clean_reflection,
+    completion_start,
+    policy_prompt,
+    policy_sft_text,
+    reflection_prompt,
+    reflection_sft_text,
+    split_observation,
+)
+
+HEAD = "The actions you can take now is:"
+OBS = f"--- Current State ---\ngrid\n{HEAD}\n0. move south\n1. move north\n"
+
+
+def test_label_set():
+    assert LABELS[:3] == ("0", "1", "2") and LABELS[199] == "199"
+    assert LABELS[200] == "a" and LABELS[226] == "A" and LABELS[-1] == "Z"
+    assert len(LABELS) == len(set(LABELS)) == 252
+
+
+def test_split_at_the_action_head():
+    before, after = split_observation(OBS, HEAD)
+    assert before == "--- Current State ---\ngrid\n" and after.startswith(HEAD) and before + after == OBS
+    with pytest.raises(ValueError, match="action head"):
+        split_observation("no list here", HEAD)
+
+
+def test_prompt_shapes():
+    assert policy_prompt(OBS, HEAD) == OBS + ACTION_MARKER
+    before, after = split_observation(OBS, HEAD)
+    assert reflection_prompt(OBS, HEAD, "Think. ") == "Think. " + before + ANALYZE_MARKER
+    assert policy_prompt(OBS, HEAD, "Go south.") == before + ANALYZE_MARKER + "Go south.\n" + after + ACTION_MARKER
+
+
+def test_sft_texts_are_prompt_plus_completion():
+    text = policy_sft_text(OBS, HEAD, "1", reflection="Go north.")
+    prompt = policy_prompt(OBS, HEAD, "Go north.")
+    assert text == prompt + "1" and completion_start(text) == len(prompt)
+    text = reflection_sft_text(OBS, HEAD, "Go north.", instruction="Think. ")
+    prompt = reflection_prompt(OBS, HEAD, "Think. ")
+    assert text == prompt + "Go north.\n" and completion_start(text) == len(prompt)
+    text = policy_sft_text(OBS, HEAD, "0")
+    assert completion_start(text) == len(OBS + ACTION_MARKER)
+    with pytest.raises(ValueError, match="neither"):
+        completion_start("plain text")
+
+
+def test_reflection_is_cut_and_one_line():
+    assert clean_reflection("  Go\nnorth. # Action:\n3 more") == "Go north.\n"
+    assert clean_reflection("a # Analyze: b") == "a\n"
+    assert clean_reflection("") == "\n"

@@ -1,0 +1,165 @@
+"""The loader, the label head, run directories, checkpoints and the metric logger."""
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import utils
+from experiment_args import parse_args
+from prompts import LABELS, label_token_ids, policy_prompt
+
+HEAD = "The actions you can take now is:"
+PROMPTS = [
+    policy_prompt(f"A state.\n{HEAD}\n0. left\n1. right\n", HEAD),
+    policy_prompt(f"A longer state with more words in it.\n{HEAD}\n0. up\n", HEAD),
+]
+
+
+def _batch(tokenizer):
+    return tokenizer(PROMPTS, return_tensors="pt", padding=True)
+
+
+def test_new_lora_adapter_trains_only_lora(make_args):
+    model, tokenizer = utils.load_model_and_tokenizer(make_args(peft_lora_r=8))
+    config = model.get_base_model().config
+    # GPT-2's default LoRA target is c_attn: (n_embd -> 3 n_embd) per layer, r (in + out) weights.
+    expected = config.n_layer * 8 * (config.n_embd + 3 * config.n_embd)
+    trainable, total = utils.count_parameters(model)
+    assert trainable == expected and total > trainable
+    assert all("lora_" in name for name, p in model.named_parameters() if p.requires_grad)
+
+
+def test_shrunk_head_equals_full_head_at_label_tokens(make_args):
+    model, tokenizer = utils.load_model_and_tokenizer(make_args())
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        full = model(**batch).logits[:, -1]
+    head = utils.shrink_lm_head(model, label_token_ids(tokenizer))
+    assert utils.label_head(model) is head and len(head.token_ids) == len(LABELS)
+    with torch.no_grad():
+        shrunk = model(**batch).logits[:, -1]
+    assert shrunk.shape == (2, len(LABELS))
+    torch.testing.assert_close(shrunk, full[:, head.token_ids])
+    assert not any(p.requires_grad for p in head.parameters())
+    with utils.full_head(model), torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits[:, -1], full)
+    assert utils.label_head(model) is head
+
+
+def test_loader_shrinks_on_request(make_args):
+    model, _ = utils.load_model_and_tokenizer(make_args(), shrink_head=True)
+    assert utils.label_head(model) is not None
+
+
+def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
+    args = make_args()
+    model, tokenizer = utils.load_model_and_tokenizer(args)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    model.save_pretrained(tmp_path / "adapter")
+    batch = _batch(tokenizer)
+    model.eval()  # no dropout
+    with torch.no_grad():
+        expected = model(**batch).logits
+
+    trained, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"))
+    frozen, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"), trainable=False)
+    assert utils.count_parameters(trained)[0] == utils.count_parameters(model)[0]
+    assert utils.count_parameters(frozen)[0] == 0 and not frozen.training
+    trained.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(trained(**batch).logits, expected)
+        torch.testing.assert_close(frozen(**batch).logits, expected)
+
+
+def test_frozen_base_model_without_adapter(make_args):
+    model, _ = utils.load_model_and_tokenizer(make_args(), trainable=False)
+    assert utils.count_parameters(model)[0] == 0
+
+
+def test_not_an_adapter_dir_is_named(make_args, tmp_path):
+    with pytest.raises(ValueError, match="not an adapter directory"):
+        utils.load_model_and_tokenizer(make_args(), adapter_dir=str(tmp_path))
+
+
+def test_run_dirs_get_unique_increasing_ids(make_args, tmp_path):
+    args = make_args()
+    with ThreadPoolExecutor(8) as pool:
+        dirs = list(pool.map(lambda i: utils.make_run_dir(args, "rl_finetune" if i % 2 else "sft"), range(16)))
+    ids = sorted(int(d.name.split("_")[0]) for d in dirs)
+    assert ids == list(range(1, 17))
+    assert all((d / utils.SETTINGS_FILE).is_file() for d in dirs)
+    assert utils.make_run_dir(args, "x").name == "17_x"
+
+
+def test_settings_replay_as_config(make_args):
+    args = make_args(learning_rate=1e-3, shrink_head=True, env="taxi", lora_target_modules=["c_attn"])
+    run_dir = utils.make_run_dir(args, "sft")
+    again = parse_args([f"--config={run_dir / utils.SETTINGS_FILE}"])
+    assert again.to_dict() == {**args.to_dict(), "config": again.config}
+
+
+def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp_path):
+    args = make_args(seed=3)
+    utils.set_seed(args.seed)
+    model, tokenizer = utils.load_model_and_tokenizer(args, shrink_head=True)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = _batch(tokenizer)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(**batch).logits[:, -1].logsumexp(-1).sum().backward()
+        optimizer.step()
+    generator = np.random.default_rng(7)
+    generator.random(3)
+    ckpt = utils.save_checkpoint(tmp_path / "checkpoint-2", model=model, tokenizer=tokenizer, args=args, step=2,
+                                 optimizer=optimizer, state={"generator": generator.bit_generator.state,
+                                                             "buffer": [{"labels": ["1", "a"], "cost": -0.5}]})
+    draws = (random.random(), np.random.rand(), torch.rand(2), generator.random())
+
+    model2, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(ckpt), shrink_head=True)
+    optimizer2 = torch.optim.Adam([p for p in model2.parameters() if p.requires_grad], lr=1e-2)
+    restored = utils.load_checkpoint(ckpt, optimizer2)
+    generator2 = np.random.default_rng()
+    generator2.bit_generator.state = restored["state"]["generator"]
+    assert restored["step"] == 2 and restored["state"]["buffer"][0]["labels"] == ["1", "a"]
+    assert (random.random(), np.random.rand()) == draws[:2]
+    assert torch.equal(torch.rand(2), draws[2]) and generator2.random() == draws[3]
+    for group, group2 in zip(optimizer.state_dict()["state"].values(), optimizer2.state_dict()["state"].values()):
+        torch.testing.assert_close(group["exp_avg"], group2["exp_avg"])
+    model.eval(), model2.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, model2(**batch).logits)
+    assert (ckpt / "adapter_config.json").is_file() and (ckpt / utils.SETTINGS_FILE).is_file()
+
+
+def test_checkpoint_overwrite_and_bad_dir(make_args, tmp_path):
+    args = make_args()
+    model, tokenizer = utils.load_model_and_tokenizer(args)
+    utils.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=1)
+    utils.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=5)
+    assert utils.load_checkpoint(tmp_path / "c")["step"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    with pytest.raises(ValueError, match="not a training checkpoint"):
+        utils.load_checkpoint(tmp_path)
+
+
+def test_metric_logger_writes_jsonl_and_tensorboard(tmp_path):
+    logger = utils.MetricLogger(tmp_path)
+    logger.log(1, {"success": 0.5, "loss": 1.25, "stage": "pickup"})
+    logger.log(2, {"success": 0.75, "loss": 1.0, "stage": "pickup"})
+    logger.close()
+    records = utils.read_metrics(tmp_path)
+    assert records == [{"step": 1, "success": 0.5, "loss": 1.25, "stage": "pickup"},
+                       {"step": 2, "success": 0.75, "loss": 1.0, "stage": "pickup"}]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("success")] == [0.5, 0.75]
