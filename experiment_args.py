@@ -133,7 +133,7 @@ class ScriptArguments:
         ALFWORLD_PAPER_TASK, "ALFWorld task family: trial folder name prefix ('' for all).", ENV
     )
     alfworld_split: str = _arg(
-        "train", "ALFWorld split for training (train, valid_seen, valid_unseen, valid_train).", ENV
+        "train", "ALFWorld split for training: train, valid_seen, valid_unseen, valid_train, or valid (all three valid_*; what evaluation uses).", ENV
     )
     alfworld_expert: Literal["handcoded", "planner"] = _arg(
         "handcoded", "ALFWorld expert giving the oracle action.", ENV

@@ -1,0 +1,223 @@
+"""What the three environments share: text spaces, choice labels and the step contract.
+
+An environment shows a state text followed by its *action head* line and the valid
+actions, each behind a choice label (``prompts.LABELS``). The agent answers with a
+label. Subclasses implement :meth:`TextEnv._reset` and :meth:`TextEnv._act`; this
+class does the labelling, rendering, the ``info`` dict and the invalid-label rule.
+
+``info`` always holds ``labels`` (valid labels, in display order), ``actions`` (their
+command texts, aligned) and ``oracle_label`` (an optimal next label, or None); at the
+end of an episode also ``success`` and ``cost`` (the episode's total cost = -return).
+A label outside the current list leaves the state unchanged, gives reward 0 and sets
+``info["invalid_label"]``; it still counts towards the horizon.
+"""
+
+from dataclasses import dataclass, field
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from prompts import LABELS
+
+MAX_OBS_CHARS = 1_000_000
+
+
+class FreeText(spaces.Space[str]):
+    """Any string up to ``max_length`` characters (observations hold file contents)."""
+
+    def __init__(self, max_length: int = MAX_OBS_CHARS, seed=None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_length = max_length
+
+    def contains(self, x) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask=None, probability=None) -> str:
+        length = int(self.np_random.integers(0, 64))
+        return "".join(chr(c) for c in self.np_random.integers(32, 127, size=length))
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"FreeText(max_length={self.max_length})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FreeText) and other.max_length == self.max_length
+
+
+class LabelSpace(spaces.Space[str]):
+    """A finite set of choice labels; ``sample`` picks one uniformly."""
+
+    def __init__(self, labels=LABELS, seed=None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.labels = tuple(labels)
+
+    def contains(self, x) -> bool:
+        return isinstance(x, str) and x in self.labels
+
+    def sample(self, mask=None, probability=None) -> str:
+        return self.labels[int(self.np_random.integers(len(self.labels)))]
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"LabelSpace({len(self.labels)} labels)"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LabelSpace) and other.labels == self.labels
+
+
+@dataclass
+class Outcome:
+    """What a subclass's ``_act`` returns: the step's reward and whether it ended the episode."""
+
+    reward: float
+    terminated: bool = False
+    truncated: bool = False
+    info: dict = field(default_factory=dict)
+
+
+class TextEnv(gymnasium.Env):
+    """Base of the text environments; see the module docstring for the contract."""
+
+    metadata = {"render_modes": ["ansi"]}
+    action_head: str = "The actions you can take now is:"
+    analyze_instruction: str = ""
+    default_horizon: int = 20
+
+    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, render_mode: str | None = None):
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.horizon = horizon or self.default_horizon
+        if self.horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
+        self.shuffle_action = shuffle_action
+        self.render_mode = render_mode
+        self.observation_space = FreeText()
+        self.action_space = LabelSpace(LABELS if shuffle_action else LABELS[: self.max_actions()])
+        self._labels: list[str] = []
+        self._actions: list[str] = []
+        self._obs = ""
+        self.steps = 0
+        self.total_reward = 0.0
+        self.done = True
+
+    # --- what subclasses implement -------------------------------------------------
+
+    def max_actions(self) -> int:
+        """Upper bound on the action-list length (sizes the label space without shuffling)."""
+        return len(LABELS)
+
+    def _reset(self, options: dict) -> None:
+        """Start an episode (randomness only from ``self.np_random``)."""
+        raise NotImplementedError
+
+    def _state_text(self) -> str:
+        """The observation before the action head."""
+        raise NotImplementedError
+
+    def _action_texts(self) -> list[str]:
+        """The valid actions now, in display order."""
+        raise NotImplementedError
+
+    def _act(self, index: int) -> Outcome:
+        """Apply action ``index`` of :meth:`_action_texts`."""
+        raise NotImplementedError
+
+    def _oracle_index(self) -> int | None:
+        """Index of an optimal next action, or None if the env knows none."""
+        return None
+
+    def _success(self) -> bool:
+        raise NotImplementedError
+
+    # --- the gymnasium API -----------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.steps = 0
+        self.total_reward = 0.0
+        self.done = False
+        self._reset(dict(options or {}))
+        return self._observe(), self._info()
+
+    def step(self, label: str):
+        if self.done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.steps += 1
+        if label not in self._labels:
+            outcome = Outcome(reward=0.0, info={"invalid_label": True})
+        else:
+            outcome = self._act(self._labels.index(label))
+        truncated = outcome.truncated or (not outcome.terminated and self.steps >= self.horizon)
+        if truncated and not outcome.truncated:
+            outcome.reward += self._truncation_reward()
+        self.total_reward += outcome.reward
+        self.done = outcome.terminated or truncated
+        if outcome.info.get("invalid_label") and not self.done:
+            obs = self._obs  # the state, and the labels shown, stay as they were
+        else:
+            obs = self._observe() if not self.done else self._final_observation()
+        info = self._info()
+        info.update(outcome.info)
+        if self.done:
+            info["success"] = bool(self._success())
+            info["cost"] = -self.total_reward
+        return obs, float(outcome.reward), bool(outcome.terminated), bool(truncated), info
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return self._obs
+        return None
+
+    # --- helpers -----------------------------------------------------------------
+
+    def _truncation_reward(self) -> float:
+        """Extra reward when the horizon runs out (AutoExplore charges the failure here)."""
+        return 0.0
+
+    def _final_observation(self) -> str:
+        return self._observe()
+
+    def _observe(self) -> str:
+        self._actions = list(self._action_texts())
+        if len(self._actions) > len(LABELS):
+            raise RuntimeError(f"{len(self._actions)} actions but only {len(LABELS)} labels")
+        if self.shuffle_action:
+            picks = self.np_random.choice(len(LABELS), size=len(self._actions), replace=False)
+            self._labels = [LABELS[i] for i in picks]
+        else:
+            self._labels = list(LABELS[: len(self._actions)])
+        listing = "".join(f"{label}. {action}\n" for label, action in zip(self._labels, self._actions))
+        self._obs = f"{self._state_text()}{self.action_head}\n{listing}"
+        return self._obs
+
+    def _info(self) -> dict:
+        index = None if self.done else self._oracle_index()
+        return {
+            "labels": list(self._labels),
+            "actions": list(self._actions),
+            "oracle_label": None if index is None else self._labels[index],
+        }
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._labels)
+
+    @property
+    def observation(self) -> str:
+        return self._obs
+
+    def label_of(self, action: str) -> str:
+        """The label currently shown for the command ``action``."""
+        return self._labels[self._actions.index(action)]
+
+
+def rng_seed(generator: np.random.Generator) -> int:
+    """A seed for a component that takes an integer, drawn from ``generator``."""
+    return int(generator.integers(2**31 - 1))
