@@ -203,8 +203,25 @@ class ScriptArguments:
         "http://localhost:1234/v1", "Address of the OpenAI-compatible server of --api=local.", DATA
     )
 
+    output_dir: str | None = _arg(None, "Data generation: output folder (default: the step's data/<env>/ path).", DATA)
+    num_episodes: int = _arg(200, "Data generation: episodes (Taxi, ALFWorld) to roll out.", DATA)
+    random_prob: float | None = _arg(
+        None, "Data generation: probability of a random action instead of the oracle's "
+        "(default: 0.9 for Taxi, 0.7 for ALFWorld, as in the paper).", DATA
+    )
+    llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).", DATA)
+    llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.", DATA)
+    llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.", DATA)
+    repo_dir: str | None = _arg(
+        None, "A repository folder: input of AutoExplore repo filtering, or the repo envs.play explores.", DATA
+    )
+
     # --- evaluation ----------------------------------------------------------------
     eval_reps: int = _arg(10, "Times each test task is run in evaluation.", EVAL)
+    policy: Literal["oracle", "random", "human"] = _arg(
+        "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).", EVAL
+    )
+    runs: int = _arg(1, "Episodes to play (envs.play, evaluation.evaluate_gpt).", EVAL)
     eval_load_list: str | None = _arg(
         None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.", EVAL
     )
@@ -244,7 +261,7 @@ class ScriptArguments:
         need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         need(self.max_steps >= 1, "max_steps", f"must be >= 1, got {self.max_steps}")
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size",
-                     "reflect_max_new_tokens", "ppo_epochs", "eval_reps", "save_steps", "logging_steps",
+                     "reflect_max_new_tokens", "ppo_epochs", "eval_reps", "runs", "save_steps", "logging_steps",
                      "merge_after_first_k"):
             need(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         need(self.horizon is None or self.horizon >= 1, "horizon", f"must be >= 1, got {self.horizon}")
@@ -256,6 +273,11 @@ class ScriptArguments:
         need(self.ppo_clip > 0, "ppo_clip", f"must be > 0, got {self.ppo_clip}")
         need(self.refuel_eta > 0, "refuel_eta", f"must be > 0, got {self.refuel_eta}")
         need(self.alfworld_timeout > 0, "alfworld_timeout", f"must be > 0, got {self.alfworld_timeout}")
+        need(self.num_episodes >= 1, "num_episodes", f"must be >= 1, got {self.num_episodes}")
+        need(self.random_prob is None or 0.0 <= self.random_prob <= 1.0, "random_prob",
+             f"must be in [0, 1], got {self.random_prob}")
+        need(self.llm_max_retries >= 0, "llm_max_retries", f"must be >= 0, got {self.llm_max_retries}")
+        need(self.llm_timeout > 0, "llm_timeout", f"must be > 0, got {self.llm_timeout}")
         need(not self.taxi_curriculum or self.env == "taxi", "taxi_curriculum", f"needs --env=taxi, got --env={self.env}")
         need(not self.depth_curriculum or self.env == "auto_explore", "depth_curriculum",
              f"needs --env=auto_explore, got --env={self.env}")

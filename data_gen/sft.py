@@ -1,0 +1,36 @@
+"""SFT texts from (state, reflection, best label) records, built by the shared prompt builder.
+
+Three files, each line ``{"text": ...}``:
+
+* ``sft.jsonl`` — no reflection: ``obs + ACTION_MARKER + label`` (SFT-only and SFT+RLFT without reflection);
+* ``sft_reflection.jsonl`` — the reflection model: reflection prompt + reflection;
+* ``sft_policy.jsonl`` — the Reflect-RL policy: policy prompt with the reflection + label.
+"""
+
+from pathlib import Path
+
+from data_gen.common import write_jsonl
+from prompts import policy_sft_text, reflection_sft_text
+
+SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
+
+
+def sft_texts(obs: str, env_cls, label: str, reflection: str) -> tuple[str, str, str]:
+    """The three SFT texts of one state, in the order of :data:`SFT_FILES`."""
+    head = env_cls.action_head
+    return (
+        policy_sft_text(obs, head, label),
+        reflection_sft_text(obs, head, reflection, instruction=env_cls.analyze_instruction),
+        policy_sft_text(obs, head, label, reflection=reflection),
+    )
+
+
+def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, suffix: str = "") -> dict[str, int]:
+    """Write the three files (``sft<suffix>.jsonl`` ...) from records with state/action/reflection."""
+    columns = list(zip(*(sft_texts(r["state"], env_cls, r["action"], r["reflection"]) for r in records))) or [
+        (), (), ()]
+    counts = {}
+    for name, texts in zip(SFT_FILES, columns):
+        name = name.replace(".jsonl", f"{suffix}.jsonl")
+        counts[name] = write_jsonl(Path(out_dir) / name, ({"text": text} for text in texts))
+    return counts

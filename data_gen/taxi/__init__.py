@@ -1,0 +1,1 @@
+"""DangerousTaxi data: reflections on oracle-plus-random rollouts, then SFT texts."""

@@ -1,0 +1,125 @@
+"""python -m data_gen.taxi.reflection: reflections on "oracle + random p" Taxi rollouts.
+
+Each episode takes a random action with probability ``--random_prob`` (0.9, as the
+paper) and the BFS oracle's otherwise. At every state the writer gives a reflection of
+at most two sentences, knowing (as a spoiler it must not reveal) the best next action.
+Output ``data/taxi/data_reflection.json``: records ``{state, reflection, action,
+command, model, ...}`` where ``action`` is the oracle's label in ``state``.
+
+Writers: an API model (``--api openai|azure|local``) or ``--api oracle``, which states
+where taxi, passenger and destination are, judges the last move against the oracle, and
+names the direction that the BFS plan takes next.
+"""
+
+import sys
+
+from tqdm.auto import tqdm
+
+from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
+from data_gen.llm import LLMError, make_client, model_name
+from envs import make_env
+from envs.base import rng_seed
+from envs.taxi import DangerousTaxiEnv
+from experiment_args import parse_args
+
+DEFAULT_RANDOM_PROB = 0.9
+OUT_DIR = DATA_DIR / "taxi"
+
+SYSTEM = ("You coach a taxi driver in a small grid game. You write short, concrete analyses of the "
+          "current situation that help the driver decide the next move.")
+PROMPT = """{observation}
+Write at most two sentences: where the taxi, the passenger and the destination are, whether the \
+last move was a good one, and what the taxi should aim for next.
+Spoiler, for you only: the best next action is "{best}". Do not quote it or call it the best action; \
+reason about the map so that the driver can find it."""
+
+_GOALS = {
+    "Move south": "head south", "Move north": "head north", "Move east": "head east", "Move west": "head west",
+    "Pickup passenger": "pick the passenger up right here", "Drop off passenger": "drop the passenger off right here",
+}
+
+
+def oracle_reflection(env: DangerousTaxiEnv, best: str, last_move_good: bool | None, rng) -> str:
+    """Two sentences from what the environment knows: the positions and the BFS plan."""
+    where = env.positions()
+    row, col = where["taxi"]
+    destination = where["destination"]
+    dest_cell = where["depot_cells"][destination]
+    if where["passenger"] is None:
+        facts = (f"The taxi is at row {row}, column {col} with the passenger inside, and the destination "
+                 f"{destination} is at row {dest_cell[0]}, column {dest_cell[1]}.")
+        purpose = "to reach the destination" if best.startswith("Move") else "to finish the ride"
+    else:
+        pass_cell = where["depot_cells"][where["passenger"]]
+        facts = (f"The taxi is at row {row}, column {col}; the passenger waits at {where['passenger']} "
+                 f"(row {pass_cell[0]}, column {pass_cell[1]}) and wants to go to {destination}.")
+        purpose = "to reach the passenger" if best.startswith("Move") else "to start the ride"
+    if last_move_good is None:
+        verdict = "This is the first move"
+    elif last_move_good:
+        verdict = ["The last move was a good one", "The last move brought the taxi closer"][int(rng.integers(2))]
+    else:
+        verdict = ["The last move was a detour", "The last move did not help"][int(rng.integers(2))]
+    return f"{facts} {verdict}; now the taxi should {_GOALS[best]} {purpose}."
+
+
+def write_reflection(client, env: DangerousTaxiEnv, observation: str, best: str,
+                     last_move_good: bool | None, rng) -> str:
+    if client is None:
+        return oracle_reflection(env, best, last_move_good, rng)
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": PROMPT.format(observation=observation, best=best)}]
+    return " ".join(client.complete(messages, temperature=0.7, max_tokens=120).split())
+
+
+def rollout(args, client, index: int) -> list[dict]:
+    """One episode; a record per state visited."""
+    rng = item_rng(args.seed, "taxi", index)
+    random_prob = DEFAULT_RANDOM_PROB if args.random_prob is None else args.random_prob
+    env = make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
+                   with_history=args.with_history, curriculum=_curriculum(args))
+    observation, info = env.reset(seed=rng_seed(rng))
+    records, last_move_good = [], None
+    while True:
+        best_label = info["oracle_label"]
+        best = info["actions"][info["labels"].index(best_label)]
+        reflection = write_reflection(client, env, observation, best, last_move_good, rng)
+        records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
+                        "model": model_name(args), "episode": index, "step": env.steps,
+                        "curriculum": env.stage})
+        label = str(rng.choice(info["labels"])) if rng.random() < random_prob else best_label
+        last_move_good = label == best_label
+        observation, _, terminated, truncated, info = env.step(label)
+        if terminated or truncated:
+            return records
+
+
+def _curriculum(args) -> str:
+    if args.taxi_curriculum and args.curriculum_index is not None:
+        return ("pickup", "dropoff", "full")[args.curriculum_index]
+    return "full"
+
+
+def main(args) -> int:
+    args.env = "taxi"
+    out_dir = OUT_DIR if args.output_dir is None else args.output_dir
+    client = make_client(args)
+    journal = Journal(out_dir, f"taxi_reflection_{model_name(args)}_{args.seed}_{_curriculum(args)}")
+    items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
+    try:
+        episodes = journal.run(items, lambda i: rollout(args, client, i), desc="taxi reflections")
+    except LLMError as error:
+        print(f"[taxi.reflection] stopped: {error} (finished episodes are kept; re-run to resume)", file=sys.stderr)
+        return 1
+    records = [record for episode in episodes for record in episode]
+    path = f"{out_dir}/data_reflection.json"
+    write_json(path, records)
+    counts = {"episodes": len(episodes), "states": len(records), "output": path}
+    if client is not None:
+        tqdm.write(client.usage.summary())
+    print_counts("taxi.reflection", counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(prog="python -m data_gen.taxi.reflection")))

@@ -1,0 +1,93 @@
+"""Curricula: which tasks an RL iteration trains on.
+
+* Taxi (``--taxi_curriculum``): pickup, then drop-off, then the full task, a third of
+  the iterations each.
+* AutoExplore (``--depth_curriculum``): tasks grouped by target depth (number of '/'),
+  shallow first; ``--merge_first_two`` merges depths 0 and 1; depths past the first
+  ``--merge_after_first_k`` levels form one last level; each level gets iterations in
+  proportion to its number of tasks.
+* ``--curriculum_index k`` trains level k only, for all iterations.
+"""
+
+from dataclasses import dataclass, field
+
+from envs.taxi import CURRICULA as TAXI_LEVELS
+
+
+@dataclass
+class Level:
+    name: str
+    tasks: list = field(default_factory=list)  # AutoExplore tasks; empty for Taxi levels
+
+
+@dataclass
+class Curriculum:
+    levels: list[Level]
+    steps: list[int]  # iterations given to each level, in order
+
+    def __post_init__(self) -> None:
+        if len(self.levels) != len(self.steps) or not self.levels:
+            raise ValueError("a curriculum needs one step count per level, and at least one level")
+
+    def level_at(self, iteration: int) -> int:
+        """Index of the level trained at 0-based ``iteration`` (the last level after the end)."""
+        for index, boundary in enumerate(self.boundaries()):
+            if iteration < boundary:
+                return index
+        return len(self.levels) - 1
+
+    def boundaries(self) -> list[int]:
+        """Cumulative iteration counts: level i runs while iteration < boundaries()[i]."""
+        total, out = 0, []
+        for steps in self.steps:
+            total += steps
+            out.append(total)
+        return out
+
+    def only(self, index: int) -> "Curriculum":
+        """Train level ``index`` alone for all iterations (``--curriculum_index``)."""
+        if not 0 <= index < len(self.levels):
+            raise ValueError(f"--curriculum_index {index} out of range: {len(self.levels)} levels "
+                             f"({', '.join(level.name for level in self.levels)})")
+        return Curriculum([self.levels[index]], [sum(self.steps)])
+
+
+def proportional_steps(counts: list[int], total: int) -> list[int]:
+    """Split ``total`` iterations in proportion to ``counts`` (largest remainders; sums to total)."""
+    weight = sum(counts)
+    if weight <= 0:
+        raise ValueError(f"cannot split steps over empty levels {counts}")
+    exact = [total * count / weight for count in counts]
+    steps = [int(x) for x in exact]
+    by_remainder = sorted(range(len(counts)), key=lambda i: (-(exact[i] - steps[i]), i))
+    for i in by_remainder[: total - sum(steps)]:
+        steps[i] += 1
+    return steps
+
+
+def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
+    curriculum = Curriculum([Level(name) for name in TAXI_LEVELS], proportional_steps([1, 1, 1], max_steps))
+    return curriculum if index is None else curriculum.only(index)
+
+
+def task_depth(task: dict) -> int:
+    """Target depth of an AutoExplore task: the number of '/' in its (first) target path."""
+    filename = task["filename"]
+    return (filename if isinstance(filename, str) else filename[0]).count("/")
+
+
+def depth_curriculum(tasks: list[dict], max_steps: int, merge_first_two: bool = False,
+                     merge_after_first_k: int = 3, index: int | None = None) -> Curriculum:
+    if not tasks:
+        raise ValueError("depth curriculum: no tasks")
+    groups: list[list[int]] = [[depth] for depth in sorted({task_depth(t) for t in tasks})]
+    if merge_first_two and len(groups) >= 2 and groups[0] == [0] and groups[1] == [1]:
+        groups[:2] = [[0, 1]]
+    if len(groups) > merge_after_first_k + 1:
+        groups[merge_after_first_k:] = [[d for group in groups[merge_after_first_k:] for d in group]]
+    levels = [
+        Level(name="depth " + "+".join(map(str, group)), tasks=[t for t in tasks if task_depth(t) in group])
+        for group in groups
+    ]
+    curriculum = Curriculum(levels, proportional_steps([len(level.tasks) for level in levels], max_steps))
+    return curriculum if index is None else curriculum.only(index)

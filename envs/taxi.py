@@ -1,0 +1,211 @@
+"""DangerousTaxi: gymnasium's Taxi (Taxi-v4, deterministic) as a text game with a deadly rule.
+
+The MDP is gymnasium's own; this module only renders it as text and changes the rewards:
+
+* **dangerous rule**: an action that leaves the state unchanged (driving into a wall,
+  an illegal pickup or drop-off) gives -10 and ends the episode;
+* **pickup bonus**: in the ``pickup`` and ``full`` curricula the first successful
+  pickup earns +20 on top of the step's reward, once;
+* every reward is divided by 20.
+
+Curricula: ``pickup`` ends at the pickup; ``dropoff`` starts with the passenger in the
+taxi (the oracle drives there first); ``full`` is the whole task. An episode succeeds
+when its total cost (-return) is below the curriculum's threshold.
+"""
+
+from collections import deque
+
+import gymnasium
+
+from envs.base import Outcome, TextEnv, rng_seed
+
+ACTION_NAMES = ("Move south", "Move north", "Move east", "Move west", "Pickup passenger", "Drop off passenger")
+PICKUP, DROPOFF = 4, 5
+IN_TAXI = 4
+CURRICULA = ("pickup", "dropoff", "full")
+DEPOTS = ("R", "G", "Y", "B")  # gymnasium's locs order
+SUCCESS_COST_BELOW = {"pickup": 0.0, "dropoff": 0.0, "full": -1.0}
+REWARD_SCALE = 20.0
+DANGER_REWARD = -10.0
+PICKUP_BONUS = 20.0
+
+RULES = """\
+You are driving a taxi in a 5x5 grid city (the map below; '|' is a wall, ':' is open road).
+The four depots are R (top left), G (top right), Y (bottom left) and B (bottom).
+In the map, T is the taxi, P the waiting passenger, D the destination, O the taxi on the
+passenger's cell, and X the taxi with the passenger inside.
+Your job: drive to the passenger, pick the passenger up, drive to the destination and drop
+the passenger off. Each move costs a little; delivering the passenger earns a big reward.
+Danger: driving into a wall, picking up where there is no passenger, or dropping off where
+you may not ends the game at once with a big penalty.
+"""
+
+
+class DangerousTaxiEnv(TextEnv):
+    analyze_instruction = (
+        "Find the taxi, the passenger and the destination on the map, judge the last move, "
+        "and say which direction to go next.\n"
+    )
+    default_horizon = 20
+
+    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = "full",
+                 with_prompt: bool = False, with_history: bool = False, first_step: bool = False,
+                 render_mode: str | None = None):
+        if curriculum not in CURRICULA:
+            raise ValueError(f"curriculum must be one of {CURRICULA}, got {curriculum!r}")
+        self.curriculum = curriculum
+        self.with_prompt = with_prompt
+        self.with_history = with_history
+        self.first_step = first_step
+        self._taxi = gymnasium.make("Taxi-v4", is_rainy=False, fickle_passenger=False).unwrapped
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode)
+        self.state = 0
+        self._history: list[tuple[str, str]] = []
+        self._initial_grid = ""
+        self._bonus_paid = False
+        self._stage = curriculum
+
+    def max_actions(self) -> int:
+        return len(ACTION_NAMES)
+
+    # --- episode start -----------------------------------------------------------------
+
+    def _reset(self, options: dict) -> None:
+        self._stage = options.get("curriculum", self.curriculum)
+        if self._stage not in CURRICULA:
+            raise ValueError(f"options['curriculum'] must be one of {CURRICULA}, got {self._stage!r}")
+        state, _ = self._taxi.reset(seed=rng_seed(self.np_random))
+        if self._stage == "dropoff":
+            for action in shortest_plan(self._taxi, state, goal="pickup"):
+                state = self._transition(state, action)[0]
+        self.state = int(state)
+        self._history = []
+        self._bonus_paid = False
+        self._initial_grid = render_grid(self._taxi, self.state)
+
+    # --- the step ------------------------------------------------------------------------
+
+    def _act(self, index: int) -> Outcome:
+        outcome = self._apply(index)
+        if self.first_step and not outcome.terminated:
+            # Contextual bandit: the oracle plays the rest; its rewards count for this step.
+            for action in shortest_plan(self._taxi, self.state, self._goal()):
+                follow = self._apply(action)
+                outcome.reward += follow.reward
+            outcome.terminated = True
+        return outcome
+
+    def _apply(self, action: int) -> Outcome:
+        before = self.state
+        after, reward, delivered = self._transition(before, action)
+        info = {}
+        if after == before:
+            reward, terminated = DANGER_REWARD, True
+            info["danger"] = True
+        else:
+            picked_up = action == PICKUP and _passenger(self._taxi, after) == IN_TAXI
+            if picked_up and self._stage != "dropoff" and not self._bonus_paid:
+                reward += PICKUP_BONUS
+                self._bonus_paid = True
+            terminated = delivered or (self._stage == "pickup" and picked_up)
+        self.state = after
+        self._history.append((ACTION_NAMES[action], render_grid(self._taxi, after)))
+        return Outcome(reward=reward / REWARD_SCALE, terminated=terminated, info=info)
+
+    def _transition(self, state: int, action: int) -> tuple[int, float, bool]:
+        ((_, after, reward, terminated),) = self._taxi.P[state][action]
+        return int(after), float(reward), bool(terminated)
+
+    def _goal(self) -> str:
+        return "pickup" if self._stage == "pickup" else "deliver"
+
+    # --- text --------------------------------------------------------------------------
+
+    def _state_text(self) -> str:
+        parts = [RULES] if self.with_prompt else []
+        if self.with_history:
+            parts.append("--- Initial State ---\n" + self._initial_grid)
+            for step, (name, grid) in enumerate(self._history, 1):
+                parts.append(f"--- Step {step}: {name} ---\n{grid}")
+        else:
+            names = ", ".join(name for name, _ in self._history) or "none"
+            parts.append(f"--- History ---\nPrevious actions: {names}\n")
+        parts.append("--- Current State ---\n" + render_grid(self._taxi, self.state))
+        return "".join(parts)
+
+    def _action_texts(self) -> list[str]:
+        return list(ACTION_NAMES)
+
+    def _oracle_index(self) -> int | None:
+        plan = shortest_plan(self._taxi, self.state, self._goal())
+        return plan[0] if plan else None
+
+    def _success(self) -> bool:
+        return -self.total_reward < SUCCESS_COST_BELOW[self._stage]
+
+    def positions(self) -> dict:
+        """Where things are: taxi cell, passenger depot (None when inside), destination depot."""
+        row, col, passenger, destination = self._taxi.decode(self.state)
+        return {
+            "taxi": (int(row), int(col)),
+            "passenger": None if passenger == IN_TAXI else DEPOTS[passenger],
+            "destination": DEPOTS[destination],
+            "depot_cells": dict(zip(DEPOTS, map(tuple, self._taxi.locs))),
+        }
+
+    @property
+    def stage(self) -> str:
+        """The curriculum of the current episode."""
+        return self._stage
+
+
+def _passenger(taxi, state: int) -> int:
+    return taxi.decode(state)[2]
+
+
+def render_grid(taxi, state: int) -> str:
+    """The 7-line ASCII map with T / P / D / O / X marking taxi, passenger and destination."""
+    row, col, passenger, destination = taxi.decode(state)
+    grid = [[c.decode() for c in line] for line in taxi.desc]
+
+    def mark(cell: tuple[int, int], char: str) -> None:
+        grid[1 + cell[0]][2 * cell[1] + 1] = char
+
+    mark(taxi.locs[destination], "D")
+    if passenger == IN_TAXI:
+        mark((row, col), "X")
+    else:
+        mark(taxi.locs[passenger], "P")
+        mark((row, col), "O" if (row, col) == taxi.locs[passenger] else "T")
+    return "".join("".join(line) + "\n" for line in grid)
+
+
+def shortest_plan(taxi, state: int, goal: str) -> list[int]:
+    """BFS over the deterministic MDP: the shortest safe action sequence reaching ``goal``.
+
+    ``goal`` is ``"pickup"`` (the passenger gets into the taxi) or ``"deliver"`` (the
+    passenger is dropped at the destination). Actions that leave the state unchanged
+    are deadly and never used. Ties are broken by action order, so plans are deterministic.
+    """
+    if goal not in ("pickup", "deliver"):
+        raise ValueError(f"goal must be 'pickup' or 'deliver', got {goal!r}")
+    if goal == "pickup" and _passenger(taxi, state) == IN_TAXI:
+        return []
+    parents: dict[int, tuple[int, int] | None] = {state: None}
+    queue = deque([state])
+    while queue:
+        current = queue.popleft()
+        for action in range(len(ACTION_NAMES)):
+            ((_, after, _, delivered),) = taxi.P[current][action]
+            if after == current:
+                continue  # deadly
+            if delivered if goal == "deliver" else action == PICKUP and _passenger(taxi, after) == IN_TAXI:
+                plan = [action]
+                while parents[current] is not None:
+                    current, previous_action = parents[current]
+                    plan.append(previous_action)
+                return plan[::-1]
+            if after not in parents:
+                parents[after] = (current, action)
+                queue.append(after)
+    return []

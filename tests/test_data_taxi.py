@@ -1,0 +1,106 @@
+"""DangerousTaxi pipeline: oracle reflections, resume, API backend, SFT texts."""
+
+import json
+
+import pytest
+
+from data_gen.common import Journal, item_rng
+from data_gen.llm import LLMError
+from data_gen.taxi import gen_sft, reflection
+from envs import make_env
+from envs.base import rng_seed
+from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_prompt, reflection_prompt
+from tests.openai_server import OpenAIServer
+
+
+def _run(make_args, out, **kw):
+    args = make_args(api="oracle", num_episodes=6, output_dir=str(out), **kw)
+    assert reflection.main(args) == 0
+    return json.loads((out / "data_reflection.json").read_text())
+
+
+def test_oracle_reflections_describe_the_state_and_label_the_best_action(make_args, tmp_path):
+    records = _run(make_args, tmp_path)
+    assert len(records) >= 6 and all(r["model"] == "oracle" for r in records)
+    env = make_env("taxi")
+    for record in records:
+        assert record["action"] in "012345" and record["command"] in record["state"]
+        assert record["reflection"].count(".") <= 3 and "row" in record["reflection"]
+        assert f"{record['action']}. {record['command']}" in record["state"]
+    first = records[0]
+    # Replaying the episode's seed gives the same first observation and oracle label.
+    obs, info = env.reset(seed=rng_seed(item_rng(make_args().seed, "taxi", 0)))
+    assert obs == first["state"] and info["oracle_label"] == first["action"]
+
+
+def test_random_prob_zero_follows_the_oracle_to_success(make_args, tmp_path):
+    records = _run(make_args, tmp_path, random_prob=0.0)
+    by_episode = {}
+    for record in records:
+        by_episode.setdefault(record["episode"], []).append(record)
+    assert len(by_episode) == 6
+    for episode in by_episode.values():
+        assert [r["step"] for r in episode] == list(range(len(episode)))
+        assert "first move" in episode[0]["reflection"]
+        assert all("good one" in r["reflection"] or "closer" in r["reflection"] for r in episode[1:])
+
+
+def test_interrupted_run_resumes_to_the_same_output(make_args, tmp_path, monkeypatch):
+    whole = _run(make_args, tmp_path / "whole")
+    calls = {"n": 0}
+    real = reflection.rollout
+
+    def failing(args, client, index):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise LLMError("simulated outage")
+        return real(args, client, index)
+
+    monkeypatch.setattr(reflection, "rollout", failing)
+    args = make_args(api="oracle", num_episodes=6, output_dir=str(tmp_path / "part"))
+    assert reflection.main(args) == 1
+    journal = Journal(tmp_path / "part", f"taxi_reflection_oracle_{args.seed}_full")
+    assert len(journal.done) == 3
+    monkeypatch.setattr(reflection, "rollout", real)
+    assert _run(make_args, tmp_path / "part") == whole
+
+
+def test_api_backend_writes_the_model_answer(make_args, tmp_path):
+    with OpenAIServer(lambda body: (200, "  The taxi is near.\nHead for P. ")) as server:
+        args = make_args(api="local", base_url=server.url, model="local-llm", num_episodes=2,
+                         output_dir=str(tmp_path), random_prob=1.0)
+        assert reflection.main(args) == 0
+        prompt = server.requests[0]["body"]["messages"][1]["content"]
+    records = json.loads((tmp_path / "data_reflection.json").read_text())
+    assert all(r["reflection"] == "The taxi is near. Head for P." and r["model"] == "local-llm" for r in records)
+    assert "Spoiler" in prompt and "--- Current State ---" in prompt
+
+
+def test_auth_failure_stops_with_a_clear_message(make_args, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "bad")
+    with OpenAIServer(lambda body: (401, "no")) as server:
+        args = make_args(api="local", base_url=server.url, num_episodes=2, output_dir=str(tmp_path))
+        assert reflection.main(args) == 1
+    assert "authentication failed" in capsys.readouterr().err
+    assert not (tmp_path / "data_reflection.json").exists()
+
+
+def test_gen_sft_texts_match_the_rollout_prompts(make_args, tmp_path):
+    records = _run(make_args, tmp_path)
+    assert gen_sft.main(make_args(task_file=str(tmp_path / "data_reflection.json"))) == 0
+    lines = {name: [json.loads(x)["text"] for x in (tmp_path / name).read_text().splitlines()]
+             for name in ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")}
+    assert all(len(texts) == len(records) for texts in lines.values())
+    env = make_env("taxi")
+    for record, plain, reflect, policy in zip(records, *lines.values()):
+        head = env.action_head
+        assert plain == policy_prompt(record["state"], head) + record["action"]
+        assert policy == policy_prompt(record["state"], head, record["reflection"]) + record["action"]
+        prompt = reflection_prompt(record["state"], head, env.analyze_instruction)
+        assert reflect.startswith(prompt) and completion_start(reflect) == len(prompt)
+        assert policy.count(ANALYZE_MARKER) == 1 and policy.endswith(ACTION_MARKER + record["action"])
+
+
+def test_gen_sft_missing_input_is_named(make_args, tmp_path):
+    with pytest.raises(ValueError, match="nothing.json"):
+        gen_sft.main(make_args(task_file=str(tmp_path / "nothing.json")))
