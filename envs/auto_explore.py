@@ -1,0 +1,350 @@
+"""AutoExplore: find and identify the file of a repository that answers a question.
+
+The agent moves through a sandboxed copy of the repository (``envs/sandbox.py``) with
+``cd``, reads files with ``cat`` and ends the episode with ``id FILE``. A task is a dict
+(the schema of ``data/auto_explore/tasks*/*.json``)::
+
+    {"question": str, "answer": str, "filename": "src/utils.py" or [several acceptable],
+     "root": repo folder (absolute, or relative to repos_dir), "optimal_path": [...],
+     "n_level": target depth, "model": who wrote the task}
+
+given as ``reset(options={"task": task})``, or drawn from ``tasks=[...]`` passed to the
+constructor when ``reset`` gets no task.
+
+Costs (reward = -cost) are the class constants below: each step costs STEP_COST, plus
+ERROR_COST for a command that failed or WARNING_COST for one that told nothing new;
+``id`` ends the episode, gaining ``horizon`` if the file is a target and paying it
+otherwise, and running out of steps pays ``horizon``. Success: total cost < 0.01.
+"""
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from envs.base import Outcome, TextEnv
+from envs.sandbox import (
+    Sandbox,
+    SandboxError,
+    file_kind,
+    is_safe_name,
+    printable,
+    pristine_copy,
+    quote_path,
+    resolve,
+)
+from prompts import LABELS
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REPOS_DIR = Path(__file__).resolve().parents[1] / "data" / "auto_explore" / "repos_filtered"
+
+STEP_COST = 1.0
+ERROR_COST = 2.0
+WARNING_COST = 1.0
+SUCCESS_MAX_COST = 0.01
+
+
+def task_targets(filename) -> list[str]:
+    """The task's acceptable target paths ('/'-separated, relative to the repo root), sorted.
+
+    ``filename`` is one path or a list of paths. Raises ``ValueError`` naming a path that
+    could never be reached inside a sandbox (absolute, ``..``, unsafe names).
+    """
+    names = [filename] if isinstance(filename, str) else filename
+    if not isinstance(names, list | tuple) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"task field 'filename' must be a path or a non-empty list of paths, got {filename!r}")
+    targets = set()
+    for name in names:
+        parts = [part for part in name.split("/") if part]
+        if name.startswith("/") or not parts or not all(is_safe_name(part) for part in parts):
+            raise ValueError(f"task field 'filename' holds an invalid repository path {name!r}")
+        targets.add("/".join(parts))
+    return sorted(targets)
+
+
+def _depth(path: str) -> int:
+    return path.count("/")
+
+
+def optimal_path(task: dict) -> list[str]:
+    """The shortest command sequence from the repo root: ``cd`` per folder, ``cat`` and ``id`` the target.
+
+    With several targets, the shallowest one (ties: sorted order).
+    """
+    target = min(task_targets(task.get("filename")), key=lambda t: (_depth(t), t))
+    *folders, name = target.split("/")
+    return [f"cd {quote_path(folder)}" for folder in folders] + [f"cat {quote_path(name)}", f"id {quote_path(name)}"]
+
+
+class AutoExploreEnv(TextEnv):
+    """Find the file that answers a question about a repository; see the module docstring."""
+
+    default_horizon = 15
+    action_head = "# Choose from below your command"
+    analyze_instruction = ""
+
+    def __init__(
+        self,
+        horizon: int | None = None,
+        shuffle_action: bool = False,
+        leaveout_prob: float = 0.0,
+        easy: bool = False,
+        first_step: bool = False,
+        repos_dir: str | os.PathLike | None = None,
+        tasks: list[dict] | None = None,
+        render_mode: str | None = None,
+    ):
+        if not 0.0 <= leaveout_prob <= 1.0:
+            raise ValueError(f"leaveout_prob must be in [0, 1], got {leaveout_prob}")
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode)
+        self.leaveout_prob = float(leaveout_prob)
+        self.easy = easy
+        self.first_step = first_step
+        self.repos_dir = Path(repos_dir) if repos_dir is not None else DEFAULT_REPOS_DIR
+        self.tasks = list(tasks or [])
+        self.task: dict | None = None
+        self._sandbox: Sandbox | None = None
+        self._targets: list[str] = []
+        self._repo_name = ""
+        self._question = ""
+        self._history: list[str] = []
+        self._last_result: str | None = None
+        self._read: set[str] = set()  # files shown by cat
+        self._viewed: set[tuple[str, str]] = set()  # (head|tail, file) already shown
+        self._listed: set[str] = set()  # directories whose entries were shown
+        self._bandit_done = False
+
+    # --- episode setup ----------------------------------------------------------------
+
+    def _reset(self, options: dict) -> None:
+        task = options.get("task")
+        if task is None:
+            if not self.tasks:
+                raise ValueError("AutoExploreEnv.reset needs options={'task': {...}} or tasks=[...] in the constructor")
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        if not isinstance(task, dict):
+            raise ValueError(f"a task is a dict, got {type(task).__name__}: {task!r:.200}")
+        question = task.get("question")
+        if not isinstance(question, str):
+            raise ValueError(f"task field 'question' must be a string, got {question!r:.200}")
+        targets = task_targets(task.get("filename"))
+        root = self._repo_path(task.get("root"), options.get("repos_dir"))
+        pristine = pristine_copy(root)
+        for target in targets:
+            try:
+                _, status = resolve(pristine, "", target)
+            except SandboxError:
+                status = None
+            if status is None or not stat.S_ISREG(status.st_mode):
+                raise ValueError(f"task target file {target!r} not found in repository {str(root)!r}")
+            if file_kind(target) is None:
+                raise ValueError(f"task target file {target!r} does not have an allowed suffix")
+
+        # The path to every target survives leave-out, so each task stays solvable.
+        keep = set(targets)
+        for target in targets:
+            parts = target.split("/")
+            keep.update("/".join(parts[:i]) for i in range(1, len(parts)))
+
+        def leave_out(rel: str, is_dir: bool) -> bool:
+            return rel not in keep and self.leaveout_prob > 0 and self.np_random.random() < self.leaveout_prob
+
+        if self._sandbox is not None:
+            self._sandbox.close()
+        self._sandbox = Sandbox(root, leave_out=leave_out)
+        self.task = task
+        self._targets = targets
+        self._repo_name = printable(root.resolve().name)
+        primary = min(targets, key=lambda t: (_depth(t), t))
+        self._question = f"Find {primary.rpartition('/')[2]}" if self.easy else question
+        self._history = []
+        self._last_result = None
+        self._read = set()
+        self._viewed = set()
+        self._listed = {""}  # the observation lists the current directory
+        self._bandit_done = False
+        logger.debug("AutoExplore episode in %s (sandbox %s), targets %s", root, self._sandbox.root, targets)
+
+    def _repo_path(self, root, repos_dir) -> Path:
+        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
+            raise ValueError(f"task field 'root' must name the repository folder, got {root!r}")
+        path = Path(root)
+        if not path.is_absolute():
+            path = Path(repos_dir if repos_dir is not None else self.repos_dir) / path
+        if not path.is_dir():
+            raise ValueError(f"task field 'root' = {os.fspath(root)!r}: repository folder {str(path)!r} not found")
+        return path
+
+    # --- observation and actions --------------------------------------------------------
+
+    def _state_text(self) -> str:
+        sections = (
+            ("# Task", self._question),
+            ("# Current working directory", f"{self._repo_name}/{self.cwd}" if self.cwd else self._repo_name),
+            ("# Files under current working directory", self._sandbox.listing()),
+            ("# Command history", "\n".join(self._history) or "(none)"),
+            ("# Execution result of your last command", self._last_result or "(none)"),
+        )
+        return "".join(f"{header}\n{body}\n" for header, body in sections)
+
+    def _action_texts(self) -> list[str]:
+        dirs, files = self._sandbox.entries()
+        actions = ["cd .."] if self.cwd else []
+        actions += [f"cd {quote_path(d)}" for d in dirs]
+        actions += [f"cat {quote_path(f)}" for f in files if self._rel(f) not in self._read]
+        actions += [f"id {quote_path(f)}" for f in files]
+        if len(actions) > len(LABELS):
+            raise RuntimeError(f"{len(actions)} actions in {self._repo_name}/{self.cwd} exceed the "
+                               f"{len(LABELS)} choice labels; split that directory in the filtered repo")
+        return actions
+
+    def _rel(self, name: str) -> str:
+        return f"{self.cwd}/{name}" if self.cwd else name
+
+    # --- commands -------------------------------------------------------------------------
+
+    def _act(self, index: int) -> Outcome:
+        outcome = self.execute(self._actions[index])
+        if self.first_step and not self._bandit_done:
+            self._bandit_done = True
+            if not outcome.terminated:
+                played, reward = self._finish_with_oracle()
+                outcome.reward += reward
+                outcome.terminated = True
+                outcome.info["oracle_completion"] = played
+        return outcome
+
+    def _finish_with_oracle(self) -> tuple[list[str], float]:
+        """Play the oracle to the end of the episode (first-step mode); its commands and reward."""
+        played, reward = [], 0.0
+        for _ in range(self.horizon - self.steps):
+            command = self._oracle_command()
+            played.append(command)
+            outcome = self.execute(command)
+            reward += outcome.reward
+            if outcome.terminated:
+                return played, reward
+        return played, reward + self._truncation_reward()
+
+    def execute(self, command: str) -> Outcome:
+        """Run one command and charge its cost; the executor behind both label steps and free-form ones.
+
+        This does no step counting: inside an episode use :meth:`step` or :meth:`step_command`.
+        """
+        if self._sandbox is None:
+            raise RuntimeError("AutoExploreEnv.execute() before reset()")
+        result = self._sandbox.execute(command)
+        warning = None if result.error else self._no_news(result.name, result.path)
+        cost = STEP_COST + (ERROR_COST if result.error else 0.0) + (WARNING_COST if warning else 0.0)
+        info = {"command": command, "error": result.error, "warning": warning is not None}
+        terminated = False
+        if result.name == "id":
+            correct = result.path in self._targets
+            cost += -self.horizon if correct else self.horizon
+            terminated = True
+            info.update(identified=result.path, correct=correct)
+        self._history.append(printable(command))
+        self._last_result = result.text if warning is None else f"Warning: {warning}\n{result.text}"
+        return Outcome(reward=-cost, terminated=terminated, info=info)
+
+    def _no_news(self, name: str, path: str) -> str | None:
+        """Why the successful command ``name`` on ``path`` told nothing new (None if it did); records what it showed."""
+        where = f"{self._repo_name}/{path}" if path else self._repo_name
+        if name == "cat":
+            seen = path in self._read
+            self._read.add(path)
+            return f"{where} was already read; this gave no new information." if seen else None
+        if name in ("head", "tail"):
+            seen = path in self._read or (name, path) in self._viewed
+            self._viewed.add((name, path))
+            return f"this part of {where} was already shown; this gave no new information." if seen else None
+        if name == "ls":
+            seen = path in self._listed
+            self._listed.add(path)
+            return f"the entries of {where} were already shown; this gave no new information." if seen else None
+        if name == "cd":
+            self._listed.add(path)
+        return None
+
+    def step_command(self, command: str):
+        """Step with a free-form command; returns what :meth:`step` returns.
+
+        The command rides on the base class's ``step`` under a spare label, so label
+        steps and free-form steps share one implementation of the step bookkeeping.
+        """
+        if not isinstance(command, str):
+            raise TypeError(f"a command is a str, got {type(command).__name__}")
+        if command in self._actions:
+            return self.step(self._labels[self._actions.index(command)])
+        if self.done:
+            raise RuntimeError("step_command() called on a finished episode; call reset() first")
+        spare = next((label for label in LABELS if label not in self._labels), None)
+        if spare is None:
+            raise RuntimeError("no spare label left for a free-form command")
+        labels, actions = list(self._labels), list(self._actions)
+        self._labels.append(spare)
+        self._actions.append(command)
+        try:
+            return self.step(spare)
+        except BaseException:
+            self._labels, self._actions = labels, actions
+            raise
+
+    # --- oracle, success, truncation --------------------------------------------------------
+
+    def _oracle_command(self) -> str:
+        """The next command on a shortest path to the nearest target (ties: sorted order)."""
+        here = [part for part in self.cwd.split("/") if part]
+        best = None
+        for target in self._targets:
+            *folder, name = target.split("/")
+            common = 0
+            while common < min(len(here), len(folder)) and here[common] == folder[common]:
+                common += 1
+            ups, downs = len(here) - common, len(folder) - common
+            remaining = ups + downs + (target not in self._read) + 1
+            if best is None or remaining < best[0]:
+                best = (remaining, target, name, folder, common, ups, downs)
+        _, target, name, folder, common, ups, downs = best
+        if ups:
+            return "cd .."
+        if downs:
+            return f"cd {quote_path(folder[common])}"
+        return f"{'id' if target in self._read else 'cat'} {quote_path(name)}"
+
+    def _oracle_index(self) -> int | None:
+        command = self._oracle_command()
+        return self._actions.index(command) if command in self._actions else None
+
+    def _truncation_reward(self) -> float:
+        return -float(self.horizon)
+
+    def _success(self) -> bool:
+        return -self.total_reward < SUCCESS_MAX_COST
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+        super().close()
+
+    # --- views for tests and data generation ----------------------------------------------
+
+    @property
+    def targets(self) -> list[str]:
+        """The acceptable target files of this episode, relative to the repo root."""
+        return list(self._targets)
+
+    @property
+    def cwd(self) -> str:
+        """The current directory relative to the repo root ('' at the root)."""
+        return self._sandbox.cwd if self._sandbox is not None else ""
+
+    @property
+    def repo_name(self) -> str:
+        return self._repo_name
+
+    @property
+    def sandbox_root(self) -> str | None:
+        """Where this episode's copy lives on disk (None before the first reset)."""
+        return None if self._sandbox is None else self._sandbox.root
