@@ -1,0 +1,138 @@
+"""The ALFWorld game process: builds a game file, plays it with textworld, answers over a pipe.
+
+Everything in this file runs in a separate process that :class:`envs.alfworld.ALFWorldEnv`
+starts (``spawn`` context) and talks to over a ``multiprocessing`` pipe, so that a game
+which hangs in the planner or crashes the PDDL engine can be killed without taking the
+trainer down with it. Requests and answers are tuples of plain values:
+
+* ``("reset", trial_dir, game_dir, expert, seed)``: build ``game_dir/game.tw-pddl`` from the
+  trial folder (never written into), seed Python's ``random`` and start the game;
+* ``("step", command)``: play one command;
+* ``("close",)``: end the process.
+
+The process answers ``("ready", pid)`` once textworld and alfworld are imported, then each
+reset or step with ``("ok", state)`` (see :func:`_state`) or ``("error", message, traceback)``.
+"""
+
+import json
+import os
+import random
+import shutil
+import traceback
+from pathlib import Path
+
+GAME_FILE = "game.tw-pddl"
+# Episodes end at the env's horizon; textworld's own step limit must never trigger first.
+MAX_EPISODE_STEPS = 100_000
+
+
+def build_game_file(trial_dir: Path, game_dir: Path) -> Path:
+    """Write a playable ``game.tw-pddl`` (and the ``traj_data.json`` it reads) into ``game_dir``.
+
+    The game is rebuilt from the trial's ``initial_state.pddl`` with the logic files of the
+    installed alfworld, whose grammar ("move X to Y") differs from the one the json_2.1.1
+    games were recorded with. The task sentence is drawn with Python's global ``random``.
+    """
+    from alfworld.agents.utils.misc import add_task_to_grammar
+    from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
+
+    trial_dir, game_dir = Path(trial_dir), Path(game_dir)
+    traj_data = json.loads((trial_dir / "traj_data.json").read_text())
+    game_dir.mkdir(parents=True, exist_ok=True)
+    # The handcoded expert reads traj_data.json from the game file's folder.
+    shutil.copyfile(trial_dir / "traj_data.json", game_dir / "traj_data.json")
+    game = {
+        "pddl_domain": Path(ALFRED_PDDL_PATH).read_text(),
+        "grammar": add_task_to_grammar(Path(ALFRED_TWL2_PATH).read_text(), traj_data),
+        "pddl_problem": (trial_dir / "initial_state.pddl").read_text(),
+        "solvable": True,
+    }
+    game_file = game_dir / GAME_FILE
+    game_file.write_text(json.dumps(game))
+    return game_file
+
+
+def _state(obs, score, done, infos) -> dict:
+    """The part of textworld's answer the env uses, as plain picklable values."""
+    return {
+        "obs": str(obs),
+        "score": float(score),
+        "done": bool(done),
+        "won": bool(infos.get("won", False)),
+        "admissible_commands": [str(command) for command in infos["admissible_commands"]],
+        "expert_plan": [str(command) for command in infos.get("extra.expert_plan") or []],
+    }
+
+
+class _Game:
+    """One textworld game at a time, restarted from a freshly built game file at each reset."""
+
+    def __init__(self):
+        import textworld
+        import textworld.gym
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
+
+        self._textworld = textworld
+        self._wrappers = (AlfredDemangler, AlfredInfos, AlfredExpert)
+        self._env = None
+
+    def reset(self, trial_dir: str, game_dir: str, expert: str, seed: int) -> dict:
+        self.close()
+        textworld = self._textworld
+        demangler, infos_wrapper, expert_wrapper = self._wrappers
+        # One seed makes both the task sentence and the handcoded expert's choices
+        # (it also uses the global ``random``) a function of the env's seed.
+        random.seed(seed)
+        game_file = build_game_file(Path(trial_dir), Path(game_dir))
+        request = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile", "expert_plan"])
+        env_id = textworld.gym.register_game(
+            str(game_file), request, max_episode_steps=MAX_EPISODE_STEPS, name="reflect-rl-alfworld",
+            wrappers=[demangler(shuffle=False), infos_wrapper, expert_wrapper(expert_type=expert)],
+        )
+        self._env = textworld.gym.make(env_id)
+        # This process lives for many episodes; keep textworld's registry from growing.
+        textworld.gym.registry.pop(env_id, None)
+        obs, infos = self._env.reset()
+        return _state(obs, 0.0, False, infos)
+
+    def step(self, command: str) -> dict:
+        if self._env is None:
+            raise RuntimeError("step before any reset in the ALFWorld worker")
+        return _state(*self._env.step(command))
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def serve(conn, alfworld_data: str) -> None:
+    """The worker's main loop (the ``target`` of its process)."""
+    # Importing alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) if missing;
+    # point it at the env's scratch folder so that nothing appears in the user's home.
+    os.environ.setdefault("ALFWORLD_DATA", alfworld_data)
+    try:
+        game = _Game()
+    except Exception as error:  # reported to the parent, which raises it
+        conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:  # the parent is gone
+            break
+        if request[0] == "close":
+            break
+        try:
+            if request[0] == "reset":
+                answer = ("ok", game.reset(*request[1:]))
+            elif request[0] == "step":
+                answer = ("ok", game.step(*request[1:]))
+            else:
+                raise ValueError(f"unknown request {request[0]!r} to the ALFWorld worker")
+        except Exception as error:  # a game-engine failure: the parent records and skips the game
+            answer = ("error", f"{type(error).__name__}: {error}", traceback.format_exc())
+        conn.send(answer)
+    game.close()
+    conn.close()

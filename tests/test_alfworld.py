@@ -1,0 +1,293 @@
+"""ALFWorld env: gymnasium contract, oracle, determinism, block list, worker lifecycle.
+
+Most tests play the hand-made fixture game (reset ~0.2 s); one slow test plays a real
+tomato→microwave game. The shared data folder is read-only and must stay untouched.
+"""
+
+import gc
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
+# this process; the env itself only imports it inside its worker process.
+if importlib.util.find_spec("alfworld") is None:
+    pytest.skip("alfworld is not installed (pip install -e .[alfworld])", allow_module_level=True)
+pytestmark = pytest.mark.alfworld
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "alfworld"
+TOMATO = DATA / "tomato_microwave_json_2.1.1"
+FIXTURE = DATA / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
+if not FIXTURE.is_dir() or not TOMATO.is_dir():
+    pytest.skip(f"ALFWorld data not found under {DATA}", allow_module_level=True)
+
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from envs import env_kwargs, make_env  # noqa: E402
+from envs.alfworld import ALFWorldEnv, find_problems, split_names  # noqa: E402
+from prompts import LABELS  # noqa: E402
+
+FIXTURE_START = ["go to countertop 1", "go to fridge 1", "go to microwave 1", "help", "inventory", "look"]
+PAPER_TASK = "pick_and_place_simple-Tomato-None-Microwave"
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data_before():
+    return _snapshot(DATA)
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = ALFWorldEnv(problems=[FIXTURE])
+    yield env
+    env.close()
+
+
+def _rollout(env, seed, rng, steps=8):
+    """Observations and rewards of an episode whose labels mix the oracle's and random ones."""
+    obs, info = env.reset(seed=seed)
+    trace = [obs]
+    for _ in range(steps):
+        label = info["oracle_label"] if rng.random() < 0.5 else info["labels"][rng.integers(len(info["labels"]))]
+        obs, reward, terminated, truncated, info = env.step(label)
+        trace += [obs, reward]
+        if terminated or truncated:
+            break
+    return trace
+
+
+def _broken_copy(tmp_path: Path, name: str) -> Path:
+    trial = tmp_path / "data" / f"{PAPER_TASK}-99" / name
+    trial.mkdir(parents=True)
+    shutil.copyfile(FIXTURE / "traj_data.json", trial / "traj_data.json")
+    (trial / "initial_state.pddl").write_text("(define (problem broken) (:domain alfred) (:objects agent1 - agent")
+    return trial
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# --- finding problems (no game is played) --------------------------------------------
+
+
+def test_problem_discovery_and_layouts(tmp_path, monkeypatch):
+    assert split_names("valid") == ["valid_seen", "valid_unseen", "valid_train"]
+    assert split_names("train, valid_seen,train") == ["train", "valid_seen"]
+    train = find_problems(TOMATO, "train", PAPER_TASK)
+    assert len(train) == 7 and train == sorted(train)
+    assert all(p.parent.name.startswith(PAPER_TASK) and (p / "traj_data.json").is_file() for p in train)
+    assert len(find_problems(TOMATO, "valid", PAPER_TASK)) == 4
+    assert len(find_problems(TOMATO, "train,valid_seen", PAPER_TASK)) == 8
+    every_family = find_problems(TOMATO, "train", "")
+    assert set(train) < set(every_family)
+    (tmp_path / "json_2.1.1").symlink_to(TOMATO)  # the layout of the full release
+    assert [p.name for p in find_problems(tmp_path, "train", PAPER_TASK)] == [p.name for p in train]
+
+    monkeypatch.setenv("ALFWORLD_DATA", str(TOMATO))
+    env = ALFWorldEnv(split="valid_seen")
+    assert len(env.problems) == 1 and env.worker_pid is None
+    env.close()
+
+    monkeypatch.delenv("ALFWORLD_DATA")
+    with pytest.raises(ValueError, match=r"--alfworld_data.*ALFWORLD_DATA"):
+        ALFWorldEnv()
+    with pytest.raises(ValueError, match="no ALFWorld problem.*nope"):
+        ALFWorldEnv(data_root=TOMATO, task="nope")
+    with pytest.raises(ValueError, match="split folder 'test'"):
+        ALFWorldEnv(data_root=TOMATO, split="test")
+    with pytest.raises(ValueError, match="not an ALFWorld trial folder"):
+        ALFWorldEnv(problems=[tmp_path])
+    with pytest.raises(ValueError, match="expert"):
+        ALFWorldEnv(problems=[FIXTURE], expert="gpt")
+    with pytest.raises(ValueError, match="inside the ALFWorld data"):
+        ALFWorldEnv(data_root=TOMATO, scratch_dir=TOMATO / "scratch")
+
+
+def test_env_kwargs_builds_alfworld(make_args):
+    args = make_args(env="alfworld", alfworld_data=str(TOMATO))
+    train_env = make_env("alfworld", **env_kwargs(args))
+    eval_env = make_env("alfworld", **env_kwargs(args, evaluation=True))
+    assert isinstance(train_env, ALFWorldEnv) and train_env.horizon == ALFWorldEnv.default_horizon
+    assert len(train_env.problems) == 7 and len(eval_env.problems) == 4
+    train_env.close()
+    eval_env.close()
+
+
+# --- playing the fixture ---------------------------------------------------------------
+
+
+def test_check_env(env):
+    check_env(env, skip_render_check=True)
+
+
+def test_observation_and_actions(env):
+    obs, info = env.reset(seed=0)
+    assert info["actions"] == FIXTURE_START  # textworld's admissible commands, in its order
+    assert info["labels"] == list(LABELS[:6]) and info["problem"] == str(FIXTURE)
+    assert obs.startswith("You are in the middle of a room.") and "Welcome" not in obs
+    assert "Your task is to: put " in obs and env.task_description.endswith("microwave.")
+    assert obs.endswith(f"{env.action_head}\n" + "".join(f"{i}. {a}\n" for i, a in enumerate(FIXTURE_START)))
+    obs, reward, terminated, truncated, info = env.step(env.label_of("go to countertop 1"))
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert "--- History ---\n> go to countertop 1\nYou arrive at countertop 1." in obs
+    assert "take tomato 1 from countertop 1" in info["actions"]
+    assert info["actions"] == sorted(info["actions"])
+
+
+@pytest.mark.parametrize("expert", ["handcoded", "planner"])
+def test_oracle_wins(env, expert):
+    player = env if expert == "handcoded" else ALFWorldEnv(problems=[FIXTURE], expert=expert)
+    obs, info = player.reset(seed=3)
+    rewards, done = [], False
+    while not done:
+        obs, reward, terminated, truncated, info = player.step(info["oracle_label"])
+        rewards.append(reward)
+        done = terminated or truncated
+    assert terminated and info["success"] and rewards[-1] == 1.0 and sum(rewards) == 1.0
+    assert info["cost"] == -1.0 and info["oracle_label"] is None
+    if expert == "planner":
+        assert len(rewards) == 5  # the planner's plan is optimal here
+        player.close()
+
+
+def test_same_seed_same_rollout(env):
+    shuffled = [ALFWorldEnv(problems=[FIXTURE], shuffle_action=True) for _ in range(2)]
+    first = _rollout(shuffled[0], 11, np.random.default_rng(0))
+    assert _rollout(shuffled[1], 11, np.random.default_rng(0)) == first
+    assert _rollout(shuffled[0], 11, np.random.default_rng(0)) == first
+    assert _rollout(shuffled[0], 12, np.random.default_rng(0))[0] != first[0]  # other labels shown
+    for other in shuffled:
+        other.close()
+    # The task sentence is drawn inside the game from the env's seed.
+    sentences = set()
+    for seed in range(6):
+        env.reset(seed=seed)
+        sentences.add(env.task_description)
+    assert sentences == {"put a tomato in microwave.", "put some tomato on microwave."}
+
+
+def test_invalid_label_leaves_state(env):
+    obs, info = env.reset(seed=5)
+    obs, _, _, _, info = env.step(env.label_of("go to fridge 1"))
+    again, reward, terminated, truncated, bad = env.step("Z")
+    assert again == obs and reward == 0.0 and not (terminated or truncated) and bad["invalid_label"]
+    assert bad["actions"] == info["actions"] and bad["oracle_label"] == info["oracle_label"]
+    obs, _, _, _, info = env.step(env.label_of("open fridge 1"))
+    assert "In it, you see a apple 1." in obs and "take apple 1 from fridge 1" in info["actions"]
+
+
+def test_history_is_capped(env):
+    obs, info = env.reset(seed=0)
+    for _ in range(12):
+        obs, _, _, _, info = env.step(env.label_of("look"))
+    assert "--- History (last 10 of 12 steps) ---" in obs and obs.count("\n> look\n") == 10
+    assert "Your task is to: " in obs
+
+
+# --- failures: block list, timeouts, dead workers ---------------------------------------
+
+
+def test_broken_problem_is_blocked_and_skipped(tmp_path):
+    broken, other_broken = _broken_copy(tmp_path, "trial_broken"), _broken_copy(tmp_path, "trial_other")
+    block_list = tmp_path / "run" / "alfworld_blocklist.txt"
+    env = ALFWorldEnv(problems=[broken, FIXTURE], block_list=block_list)
+    assert env.problems == sorted([broken, FIXTURE])
+    for seed in range(4):  # random picks: the broken game fails once, then is never tried again
+        _, info = env.reset(seed=seed)
+        assert info["problem"] == str(FIXTURE)
+    assert set(env.blocked) == {broken}
+    lines = block_list.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{broken}\t") and "ParseError" in lines[0]
+    with pytest.raises(RuntimeError, match="is blocked"):
+        env.reset(options={"problem": broken})
+    # An explicitly requested game that fails is an error, not silently swapped for another.
+    with pytest.raises(RuntimeError, match=f"problem {other_broken} failed: ParseError"):
+        env.reset(options={"problem": other_broken})
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("0")  # no game was started: nothing to play on
+    assert set(env.blocked) == {broken, other_broken} and len(block_list.read_text().splitlines()) == 2
+    env.close()
+
+    # Another env of the same run reads the block list; with nothing left it says so.
+    env = ALFWorldEnv(problems=[broken], block_list=block_list)
+    with pytest.raises(RuntimeError, match="every ALFWorld problem.*1 blocked"):
+        env.reset(seed=0)
+    env.close()
+
+
+def test_hanging_or_dead_game_is_killed_and_recorded(tmp_path):
+    copy = tmp_path / "data" / f"{PAPER_TASK}-98" / "trial_copy"
+    shutil.copytree(FIXTURE, copy)
+    block_list = tmp_path / "blocklist.txt"
+    env = ALFWorldEnv(problems=[FIXTURE, copy], block_list=block_list, timeout=30)
+    env.reset(options={"problem": FIXTURE})
+    first_pid = env.worker_pid
+
+    env.timeout = 1e-3  # no reset answers that fast: a stand-in for a hanging game
+    with pytest.raises(RuntimeError, match="timeout"):
+        env.reset(options={"problem": copy})
+    assert env.worker_pid is None and _gone(first_pid)
+    assert block_list.read_text().startswith(f"{copy}\ttimeout")
+
+    env.timeout = 30
+    _, info = env.reset(seed=0)  # a fresh worker; the timed-out game is skipped
+    assert info["problem"] == str(FIXTURE) and env.worker_pid not in (None, first_pid)
+
+    os.kill(env.worker_pid, 9)  # the game process dies mid-episode
+    obs, reward, terminated, truncated, info = env.step(info["oracle_label"])
+    assert truncated and not terminated and reward == 0.0 and not info["success"]
+    assert "worker died" in info["engine_error"]
+    assert set(env.blocked) == {FIXTURE, copy} and len(block_list.read_text().splitlines()) == 2
+    with pytest.raises(RuntimeError, match="every ALFWorld problem"):
+        env.reset(seed=1)
+    env.close()
+
+
+def test_close_and_garbage_collection_stop_the_worker(tmp_path):
+    env = ALFWorldEnv(problems=[FIXTURE], scratch_dir=tmp_path / "scratch")
+    env.reset(seed=0)
+    pid, scratch = env.worker_pid, env.scratch
+    assert scratch.parent == tmp_path / "scratch" and (scratch / "game" / "game.tw-pddl").is_file()
+    env.close()
+    env.close()
+    assert _gone(pid) and not scratch.exists() and env.worker_pid is None
+
+    env = ALFWorldEnv(problems=[FIXTURE])
+    env.reset(seed=0)
+    pid, scratch = env.worker_pid, env.scratch
+    del env
+    gc.collect()
+    assert _gone(pid) and not scratch.exists()
+
+
+@pytest.mark.slow
+def test_real_game_oracle_wins():
+    env = ALFWorldEnv(data_root=TOMATO, split="train", horizon=50)
+    obs, info = env.reset(seed=0)
+    assert env.problem in env.problems and "Your task is to: put " in obs and "tomato" in obs
+    assert info["oracle_label"] is not None
+    done = False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(info["oracle_label"])
+        done = terminated or truncated
+    assert terminated and info["success"] and reward == 1.0
+    env.close()
+
+
+def test_data_folder_untouched(data_before):
+    """Runs last: nothing above may have written into the shared data."""
+    assert _snapshot(DATA) == data_before
