@@ -83,10 +83,19 @@ def find_problems(root: Path, split: str, task: str) -> list[Path]:
     """
     root = Path(root)
     problems: set[Path] = set()
+    split_dirs = []
     for name in split_names(split):
         split_dir = root / name if (root / name).is_dir() else root / "json_2.1.1" / name
         if not split_dir.is_dir():
+            if _holds_tasks(root, task) and not any((root / s).is_dir() for s in SPLITS):
+                # A folder of task folders with no split level (e.g. the hand-made fixtures).
+                logger.warning("%s has task folders but no split folders: playing them all (split %r ignored)",
+                               root, split)
+                split_dirs = [root]
+                break
             raise ValueError(f"no ALFWorld split folder {name!r} in {root} (nor in {root / 'json_2.1.1'})")
+        split_dirs.append(split_dir)
+    for split_dir in split_dirs:
         for task_dir in split_dir.iterdir():
             if task_dir.is_dir() and task_dir.name.startswith(task):
                 problems.update(trial for trial in task_dir.iterdir() if is_trial(trial))
@@ -94,6 +103,11 @@ def find_problems(root: Path, split: str, task: str) -> list[Path]:
         raise ValueError(f"no ALFWorld problem in {root} for split {split!r} and task {task!r} "
                          f"(--alfworld_data, --alfworld_split, --alfworld_task)")
     return sorted(problems)
+
+
+def _holds_tasks(root: Path, task: str) -> bool:
+    return any(d.is_dir() and d.name.startswith(task) and any(is_trial(t) for t in d.iterdir())
+               for d in root.iterdir())
 
 
 def is_trial(path: Path) -> bool:

@@ -16,8 +16,15 @@ from envs.taxi import CURRICULA as TAXI_LEVELS
 
 @dataclass
 class Level:
+    """A curriculum level: a name and the reset options its episodes start from."""
+
     name: str
-    tasks: list = field(default_factory=list)  # AutoExplore tasks; empty for Taxi levels
+    options: list[dict] = field(default_factory=list)
+
+    @property
+    def tasks(self) -> list[dict]:
+        """The AutoExplore task dicts of the level."""
+        return [option["task"] for option in self.options if "task" in option]
 
 
 @dataclass
@@ -66,7 +73,8 @@ def proportional_steps(counts: list[int], total: int) -> list[int]:
 
 
 def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
-    curriculum = Curriculum([Level(name) for name in TAXI_LEVELS], proportional_steps([1, 1, 1], max_steps))
+    levels = [Level(name, [{"curriculum": name}]) for name in TAXI_LEVELS]
+    curriculum = Curriculum(levels, proportional_steps([1, 1, 1], max_steps))
     return curriculum if index is None else curriculum.only(index)
 
 
@@ -86,8 +94,51 @@ def depth_curriculum(tasks: list[dict], max_steps: int, merge_first_two: bool = 
     if len(groups) > merge_after_first_k + 1:
         groups[merge_after_first_k:] = [[d for group in groups[merge_after_first_k:] for d in group]]
     levels = [
-        Level(name="depth " + "+".join(map(str, group)), tasks=[t for t in tasks if task_depth(t) in group])
+        Level(name="depth " + "+".join(map(str, group)),
+              options=[{"task": t} for t in tasks if task_depth(t) in group])
         for group in groups
     ]
     curriculum = Curriculum(levels, proportional_steps([len(level.tasks) for level in levels], max_steps))
     return curriculum if index is None else curriculum.only(index)
+
+
+def single_level(name: str, options: list[dict], max_steps: int) -> Curriculum:
+    """No curriculum: one level holding every task."""
+    if not options:
+        raise ValueError(f"no tasks for {name}")
+    return Curriculum([Level(name, options)], [max_steps])
+
+
+def load_auto_explore_tasks(path: str | None) -> list[dict]:
+    """The task dicts of an AutoExplore task file (trajectories and other extras dropped)."""
+    import json
+    from pathlib import Path
+
+    if not path:
+        raise ValueError("--task_file: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
+                         "train.json)")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--task_file: no such file {path!r}")
+    records = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"--task_file: {path} must hold a non-empty JSON list of tasks")
+    keys = ("question", "answer", "filename", "root", "n_level", "optimal_path", "model")
+    return [{k: r[k] for k in keys if k in r} for r in records]
+
+
+def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
+    """The training curriculum the flags describe (a single level when no curriculum is on)."""
+    max_steps = max_steps or args.max_steps
+    if args.env == "taxi":
+        if args.taxi_curriculum:
+            return taxi_curriculum(max_steps, args.curriculum_index)
+        return single_level("full", [{"curriculum": "full"}], max_steps)
+    if args.env == "auto_explore":
+        tasks = load_auto_explore_tasks(args.task_file)
+        if args.depth_curriculum:
+            return depth_curriculum(tasks, max_steps, args.merge_first_two, args.merge_after_first_k,
+                                    args.curriculum_index)
+        return single_level("all depths", [{"task": t} for t in tasks], max_steps)
+    # ALFWorld envs draw their problems themselves, skipping any the block list names.
+    return single_level(args.alfworld_task or "alfworld", [{}], max_steps)

@@ -1,0 +1,73 @@
+"""Environment speed: reset time and steps per second of each environment, as a table.
+
+    python -m benchmarks.env_speed [--runs N] [--alfworld_data DIR]
+
+Random policy, fixed seeds. AutoExplore explores this project's ``data_gen`` folder (or
+``--repo_dir``); ALFWorld runs the hand-made fixture and, when ``--alfworld_data`` (or
+``$ALFWORLD_DATA``) is given, the real tomato→microwave games there.
+"""
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from envs import make_env
+from envs.play import DEFAULT_PLAY_REPO, repo_task
+from experiment_args import REPO_ROOT, parse_args
+
+FIXTURES = REPO_ROOT.parent / "shared" / "alfworld" / "fixtures"
+
+
+def measure(env, options_for, episodes: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    resets, step_times = [], []
+    try:
+        for _ in range(episodes):
+            options = options_for(rng)
+            tic = time.perf_counter()
+            _, info = env.reset(seed=int(rng.integers(2**31 - 1)), options=options)
+            resets.append(time.perf_counter() - tic)
+            done = False
+            while not done:
+                label = str(rng.choice(info["labels"]))
+                tic = time.perf_counter()
+                _, _, terminated, truncated, info = env.step(label)
+                step_times.append(time.perf_counter() - tic)
+                done = terminated or truncated
+    finally:
+        env.close()
+    return {"episodes": episodes, "steps": len(step_times), "reset_ms": 1000 * statistics.median(resets),
+            "steps_per_s": len(step_times) / max(sum(step_times), 1e-9)}
+
+
+def main(args) -> int:
+    episodes = args.runs if args.runs > 1 else 20  # --runs defaults to 1: too few to time
+    repo = Path(args.repo_dir) if args.repo_dir else DEFAULT_PLAY_REPO
+    rows = [
+        ("taxi (full, horizon 20)", measure(make_env("taxi"), lambda rng: {}, episodes, args.seed)),
+        ("taxi (with history + rules)",
+         measure(make_env("taxi", with_history=True, with_prompt=True), lambda rng: {}, episodes, args.seed)),
+        (f"auto_explore ({repo.name})",
+         measure(make_env("auto_explore", leaveout_prob=0.5), lambda rng: {"task": repo_task(repo, rng)},
+                 episodes, args.seed)),
+    ]
+    if FIXTURES.is_dir():
+        rows.append(("alfworld (hand-made fixture)",
+                     measure(make_env("alfworld", data_root=str(FIXTURES)), lambda rng: {}, min(episodes, 5),
+                             args.seed)))
+    data = args.alfworld_data or os.environ.get("ALFWORLD_DATA")
+    if data:
+        rows.append(("alfworld (tomato->microwave, train)",
+                     measure(make_env("alfworld", data_root=data, horizon=10), lambda rng: {}, 3, args.seed)))
+    print("\n| environment | episodes | steps | reset (median, ms) | steps/s |\n|---|---:|---:|---:|---:|")
+    for name, row in rows:
+        print(f"| {name} | {row['episodes']} | {row['steps']} | {row['reset_ms']:.1f} | {row['steps_per_s']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(prog="python -m benchmarks.env_speed")))
