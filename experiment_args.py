@@ -213,7 +213,9 @@ class ScriptArguments:
     llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.", DATA)
     llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.", DATA)
     repo_dir: str | None = _arg(
-        None, "A repository folder: input of AutoExplore repo filtering, or the repo envs.play explores.", DATA
+        None, "A repository folder: the repo envs.play explores; AutoExplore data: the folder of repos a step "
+        "reads (filter_repo: the raw repos; later steps: the filtered ones, default "
+        "data/auto_explore/repos_filtered).", DATA
     )
 
     # --- evaluation ----------------------------------------------------------------

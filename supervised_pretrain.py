@@ -1,16 +1,158 @@
-"""SFT entry point (HF Trainer on the .jsonl texts, LoRA, loss on the completion only).
+"""SFT entry point: fine-tune a LoRA adapter on ``{"text": ...}`` lines with the HF Trainer.
 
-Not yet implemented: it lands with the Training issue. The flags are already final.
+    python supervised_pretrain.py --max_steps=2000 --task_file=data/auto_explore/tasks_filtered/sft_policy.jsonl
+
+The loss covers only the completion: the text after the last marker — the reflection
+after the analyze marker (reflection data; an EOS is appended so the model learns to
+stop), or the choice label after the action marker (policy data). ``--reflect=True``/
+``False`` insists on one kind. Prompts longer than ``--max_seq_length`` lose their
+beginning. Checkpoints land in ``results/<id>_supervised_pretrain/checkpoint-N/`` with
+their ``setting.yml``; ``--resume_from CHECKPOINT`` continues a run.
 """
 
+import json
+import logging
 import sys
+from pathlib import Path
 
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+import utils
 from experiment_args import parse_args
+from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start
+
+logger = logging.getLogger(__name__)
+SCRIPT = "supervised_pretrain"
+IGNORE = -100
+
+
+def read_texts(task_file: str | None) -> list[str]:
+    if not task_file:
+        raise ValueError("--task_file: give the SFT .jsonl file (lines of {\"text\": ...})")
+    path = Path(task_file)
+    if not path.is_file():
+        raise ValueError(f"--task_file: no such file {task_file!r}")
+    texts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--task_file: {path}:{number} is not JSON ({error})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"--task_file: {path}:{number} has no string field 'text'")
+        texts.append(record["text"])
+    if not texts:
+        raise ValueError(f"--task_file: {path} holds no texts")
+    return texts
+
+
+def encode_example(tokenizer, text: str, max_seq_length: int, reflect: bool | None) -> dict | None:
+    """Token ids and labels (-100 on the prompt); None if even the completion does not fit."""
+    start = completion_start(text)
+    marker = ANALYZE_MARKER if text[:start].endswith(ANALYZE_MARKER) else ACTION_MARKER
+    if reflect is not None and (marker == ANALYZE_MARKER) != reflect:
+        wanted = "a reflection after" if reflect else "a label after"
+        raise ValueError(f"--reflect={reflect}: expected {wanted} the last marker, got text ending {text[-120:]!r}")
+    # Markers end at a token boundary (checked by the loader), so the parts tokenise independently.
+    prompt = tokenizer(text[:start], add_special_tokens=False)["input_ids"]
+    completion = tokenizer(text[start:], add_special_tokens=False)["input_ids"]
+    if marker == ANALYZE_MARKER:
+        completion = completion + [tokenizer.eos_token_id]
+    room = max_seq_length - len(completion)
+    if room < 1:
+        return None
+    prompt = prompt[-room:]
+    return {"input_ids": prompt + completion, "labels": [IGNORE] * len(prompt) + completion}
+
+
+class PadCollator:
+    """Right-pads a batch of encoded examples (labels with -100)."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad = pad_token_id
+
+    def __call__(self, examples: list[dict]) -> dict:
+        width = max(len(e["input_ids"]) for e in examples)
+        batch = {"input_ids": [], "attention_mask": [], "labels": []}
+        for e in examples:
+            gap = width - len(e["input_ids"])
+            batch["input_ids"].append(e["input_ids"] + [self.pad] * gap)
+            batch["attention_mask"].append([1] * len(e["input_ids"]) + [0] * gap)
+            batch["labels"].append(e["labels"] + [IGNORE] * gap)
+        return {k: torch.tensor(v) for k, v in batch.items()}
+
+
+class RunFiles(TrainerCallback):
+    """Logs to the run's metrics.jsonl/TensorBoard and saves setting.yml into each checkpoint."""
+
+    def __init__(self, args, run_dir: Path):
+        self.args, self.run_dir = args, run_dir
+        self.metrics = utils.MetricLogger(run_dir)
+
+    def on_log(self, training_args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            self.metrics.log(state.global_step, {k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    def on_save(self, training_args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            utils.save_settings(self.run_dir / f"checkpoint-{state.global_step}", self.args)
+
+    def on_train_end(self, training_args, state, control, **kwargs):
+        self.metrics.close()
+
+
+def build_dataset(args, tokenizer):
+    from datasets import Dataset
+
+    texts = read_texts(args.task_file)
+    examples = [encode_example(tokenizer, t, args.max_seq_length, args.reflect) for t in texts]
+    kept = [e for e in examples if e is not None]
+    if len(kept) < len(examples):
+        logger.warning("%d of %d texts dropped: their completion alone exceeds --max_seq_length=%d",
+                       len(examples) - len(kept), len(examples), args.max_seq_length)
+    if not kept:
+        raise ValueError(f"--task_file: no text of {args.task_file} fits --max_seq_length={args.max_seq_length}")
+    return Dataset.from_list(kept)
 
 
 def main(args) -> int:
-    print("supervised_pretrain.py: not yet implemented (Training issue)", file=sys.stderr)
-    return 1
+    utils.set_seed(args.seed)
+    model, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
+    dataset = build_dataset(args, tokenizer)
+    run_dir = utils.make_run_dir(args, SCRIPT)
+    print(f"[supervised_pretrain] output directory: {run_dir}", flush=True)
+    training_args = TrainingArguments(
+        output_dir=str(run_dir),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type=args.lr_scheduler_type,
+        warmup_steps=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps,
+        save_steps=args.save_steps,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        seed=args.seed,
+        data_seed=args.seed,
+        report_to="none",
+        remove_unused_columns=False,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
+                      data_collator=PadCollator(tokenizer.pad_token_id), processing_class=tokenizer,
+                      callbacks=[RunFiles(args, run_dir)])
+    result = trainer.train(resume_from_checkpoint=args.resume_from)
+    final = run_dir / f"checkpoint-{trainer.state.global_step}"
+    print(f"[supervised_pretrain] trained {trainer.state.global_step} steps on {len(dataset)} texts, "
+          f"final loss {result.training_loss:.4f}; adapter: {final}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

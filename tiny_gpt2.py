@@ -24,10 +24,14 @@ from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_token_ids
 logger = logging.getLogger(__name__)
 
 NAME = "tiny-gpt2"
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 VOCAB_SIZE = 4096
 MODEL_CONFIG = {"n_positions": 2048, "n_embd": 128, "n_layer": 4, "n_head": 4}
 INIT_SEED = 0
+# Random embeddings (std 0.02) tied to the LM head cap the logits near +-2.5, so a LoRA
+# adapter alone could never make a confident prediction over thousands of tokens; a
+# pretrained model has learned a larger final-norm scale, and we start with one.
+FINAL_NORM_SCALE = 5.0
 
 _TAXI = """\
 +---------+
@@ -155,6 +159,7 @@ def _fingerprint() -> str:
 
     blob = json.dumps(
         {"version": BUILD_VERSION, "vocab": VOCAB_SIZE, "config": MODEL_CONFIG, "seed": INIT_SEED,
+         "final_norm_scale": FINAL_NORM_SCALE,
          "corpus": hashlib.sha256(_corpus().encode()).hexdigest(),
          "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
         sort_keys=True,
@@ -224,4 +229,6 @@ def _random_model(tokenizer):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
         model = GPT2LMHeadModel(config)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.fill_(FINAL_NORM_SCALE)
     return model

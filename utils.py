@@ -156,7 +156,8 @@ def load_model_and_tokenizer(
     if adapter_dir is not None:
         if not (Path(adapter_dir) / "adapter_config.json").is_file():
             raise ValueError(f"{adapter_dir!r} is not an adapter directory (no adapter_config.json)")
-        model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+        with _quiet_peft():
+            model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
     elif trainable and args.use_peft:
         config = LoraConfig(
             r=args.peft_lora_r,
@@ -167,8 +168,7 @@ def load_model_and_tokenizer(
             task_type="CAUSAL_LM",
             fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),
         )
-        with warnings.catch_warnings():  # peft still calls a transformers API deprecated in v5
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with _quiet_peft():
             model = get_peft_model(model, config)
     if not trainable:
         model.requires_grad_(False)
@@ -176,6 +176,14 @@ def load_model_and_tokenizer(
     if shrink_head:
         shrink_lm_head(model, label_token_ids(tokenizer))
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    """peft still calls a transformers API deprecated in v5; its warning is not ours to fix."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
@@ -304,8 +312,10 @@ def save_checkpoint(
     step: int,
     optimizer: torch.optim.Optimizer | None = None,
     state: dict | None = None,
+    files: dict[str, str] | None = None,
 ) -> Path:
-    """Save adapter (or model), tokenizer, settings, optimiser, RNG states, step and ``state``.
+    """Save adapter (or model), tokenizer, settings, optimiser, RNG states, step and ``state``
+    (plus any text ``files`` by name, e.g. episode logs).
 
     Written into a scratch folder and renamed into place, so a crash never leaves a
     half-written checkpoint behind.
@@ -325,6 +335,8 @@ def save_checkpoint(
         "state": state or {},
     }
     torch.save(payload, scratch / TRAINER_STATE_FILE)
+    for name, text in (files or {}).items():
+        (scratch / name).write_text(text, encoding="utf-8")
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old{os.getpid()}")
         os.rename(directory, old)

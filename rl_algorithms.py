@@ -1,0 +1,98 @@
+"""The RL learners' pieces as small pure functions: returns, losses, replay, critic.
+
+Costs, not rewards: an environment's reward is ``-cost``. The policy minimises cost,
+so the REINFORCE loss pushes down the log-probability of costly actions.
+
+All losses are summed over decisions and divided by the number of episodes in the
+batch, so PG and the first PPO epoch (ratio 1) give the same gradient.
+"""
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def cost_to_go(costs: Sequence[float]) -> list[float]:
+    """Q_t = sum of the costs from step t to the end of the episode."""
+    out, total = [], 0.0
+    for cost in reversed(costs):
+        total += cost
+        out.append(total)
+    return out[::-1]
+
+
+def pg_loss(logprobs: torch.Tensor, costs_to_go: torch.Tensor, baseline: torch.Tensor | float,
+            num_episodes: int) -> torch.Tensor:
+    """REINFORCE on the cost-to-go: sum_t log pi(a_t|s_t) (Q_t - b), per episode."""
+    return (logprobs * (costs_to_go - baseline)).sum() / num_episodes
+
+
+def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, costs_to_go: torch.Tensor,
+             baseline: torch.Tensor | float, clip: float, num_episodes: int) -> torch.Tensor:
+    """Clipped surrogate with advantage -(Q_t - b) and ratio pi / pi_behaviour."""
+    advantage = -(costs_to_go - baseline)
+    ratio = torch.exp(logprobs - old_logprobs)
+    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
+    return -surrogate.sum() / num_episodes
+
+
+def refuel_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, branch_logprobs: torch.Tensor,
+                branch_old_logprobs: torch.Tensor, returns: torch.Tensor, branch_returns: torch.Tensor,
+                eta: float) -> torch.Tensor:
+    """REFUEL: regress the difference of log-ratio gains on the difference of returns.
+
+    ``((log pi(a_h) - log pi_old(a_h)) - (log pi(a'_h) - log pi_old(a'_h)) - eta (G_h - G'_h))^2``,
+    averaged over the pairs.
+    """
+    gain = (logprobs - old_logprobs) - (branch_logprobs - branch_old_logprobs)
+    return ((gain - eta * (returns - branch_returns)) ** 2).mean()
+
+
+def value_loss(values: torch.Tensor, costs_to_go: torch.Tensor) -> torch.Tensor:
+    return ((values - costs_to_go) ** 2).mean()
+
+
+class ValueHead(nn.Module):
+    """A critic on the policy's last hidden state at the action marker: predicts the cost-to-go."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden).squeeze(-1)
+
+
+class ReplayBuffer:
+    """The most recent successful episodes (as dicts), sampled alongside fresh data."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.episodes: deque = deque(maxlen=capacity if capacity > 0 else 0)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def add(self, episode: dict) -> None:
+        if self.capacity > 0 and episode["success"]:
+            self.episodes.append(episode)
+
+    def sample(self, count: int, rng: np.random.Generator) -> list[dict]:
+        """Up to ``count`` distinct episodes, uniformly."""
+        count = min(count, len(self.episodes))
+        if count == 0:
+            return []
+        picks = rng.choice(len(self.episodes), size=count, replace=False)
+        return [self.episodes[int(i)] for i in sorted(picks)]
+
+    def state_dict(self) -> dict:
+        return {"capacity": self.capacity, "episodes": list(self.episodes)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.capacity = state["capacity"]
+        self.episodes = deque(state["episodes"], maxlen=self.capacity if self.capacity > 0 else 0)

@@ -1,0 +1,102 @@
+"""rl_finetune.py end to end with tiny-gpt2 on Taxi: trainers, checkpoints, exact resume, NaN skips."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rl_finetune
+import utils
+
+FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=True, per_device_eval_batch_size=4,
+            per_device_train_batch_size=8, learning_rate=1e-3, replay_batch_size=2)
+
+
+def _runs(tmp_path):
+    return sorted((tmp_path / "results").glob("*_rl_finetune"), key=lambda p: int(p.name.split("_")[0]))
+
+
+def _adapter(checkpoint):
+    return load_file(str(checkpoint / "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("trainer, extra", [("pg", {"baseline": "mean"}), ("pg", {"baseline": "critic"}),
+                                            ("ppo", {}), ("refuel", {"first_step": False, "horizon": 4})])
+def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
+    args = make_args(**{**FAST, **extra, "trainer": trainer, "max_steps": 3, "save_steps": 2})
+    assert rl_finetune.main(args) == 0
+    (run,) = _runs(tmp_path)
+    records = utils.read_metrics(run)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for key in ("success", "cost", "loss", "entropy", "episode_length", "tokens", "seconds", "level", "nan_skips"):
+        assert key in records[0], key
+    assert records[0]["level"] == "pickup"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    checkpoint = run / "checkpoint-2"
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", utils.SETTINGS_FILE,
+                 utils.TRAINER_STATE_FILE, "episodes.jsonl"):
+        assert (checkpoint / name).is_file(), name
+    episodes = [json.loads(line) for line in (checkpoint / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 * 4 and {e["iteration"] for e in episodes} == {1, 2}
+    state = torch.load(checkpoint / utils.TRAINER_STATE_FILE, weights_only=True)
+    assert state["step"] == 2 and state["optimizer"]["state"]
+    assert (state["state"]["ranks"][0]["critic"] is not None) == (extra.get("baseline") == "critic")
+    if trainer == "refuel":
+        assert "refuel_pairs" in records[0]
+
+
+def test_resume_is_exact(make_args, tmp_path):
+    common = {**FAST, "trainer": "pg", "baseline": "mean", "replay_batch_size": 4}
+    assert rl_finetune.main(make_args(**common, max_steps=4, save_steps=2)) == 0
+    (straight,) = _runs(tmp_path)
+    assert rl_finetune.main(make_args(**common, max_steps=4, save_steps=2,
+                                      resume_from=str(straight / "checkpoint-2"))) == 0
+    resumed = _runs(tmp_path)[-1]
+    assert resumed != straight
+    a, b = _adapter(straight / "checkpoint-4"), _adapter(resumed / "checkpoint-4")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert not torch.equal(a[next(iter(a))], _adapter(straight / "checkpoint-2")[next(iter(a))])
+    straight_log, resumed_log = utils.read_metrics(straight), utils.read_metrics(resumed)
+    assert [r["step"] for r in resumed_log] == [1, 2, 3, 4]
+    for x, y in zip(straight_log, resumed_log):
+        assert x["success"] == y["success"] and x["loss"] == pytest.approx(y["loss"], abs=1e-6)
+    replay = torch.load(straight / "checkpoint-4" / utils.TRAINER_STATE_FILE, weights_only=True)
+    assert replay["state"]["ranks"][0]["replay"]["episodes"], "the test should exercise the replay buffer"
+
+
+def test_nan_loss_skips_the_update(make_args, tmp_path, monkeypatch):
+    real = rl_finetune.train_pg
+
+    def poisoned(*args, **kwargs):
+        loss, extra = real(*args, **kwargs)
+        return float("nan"), extra
+
+    monkeypatch.setattr(rl_finetune, "train_pg", poisoned)
+    assert rl_finetune.main(make_args(**FAST, max_steps=2, save_steps=2)) == 0
+    (run,) = _runs(tmp_path)
+    assert [r["nan_skips"] for r in utils.read_metrics(run)] == [1, 2]
+    adapter = _adapter(run / "checkpoint-2")
+    assert all(torch.count_nonzero(v) == 0 for k, v in adapter.items() if "lora_B" in k)  # never updated
+
+
+def test_rl_from_an_sft_adapter_with_a_frozen_reflector(make_args, tmp_path):
+    args = make_args()
+    model, tokenizer = utils.load_model_and_tokenizer(args)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    model.save_pretrained(tmp_path / "policy")
+    model.save_pretrained(tmp_path / "reflector")
+    run_args = make_args(**FAST, max_steps=1, save_steps=1, shrink_head=True, load_dir=str(tmp_path / "policy"),
+                         reflect_load_dir=str(tmp_path / "reflector"), reflect_max_new_tokens=8)
+    assert rl_finetune.main(run_args) == 0
+    (run,) = _runs(tmp_path)
+    episodes = [json.loads(x) for x in (run / "checkpoint-1" / "episodes.jsonl").read_text().splitlines()]
+    assert all(step["reflection"] for e in episodes for step in e["steps"])
+    tuned = _adapter(run / "checkpoint-1")
+    start = load_file(str(tmp_path / "policy" / "adapter_model.safetensors"))
+    assert any(not torch.equal(tuned[k], start[k]) for k in start)

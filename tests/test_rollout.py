@@ -1,0 +1,170 @@
+"""The two-player rollout with tiny-gpt2 on Taxi: valid episodes, exact log-probs, batching, replay."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import utils
+from envs import make_env
+from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt
+from rollout import LABEL_INDEX, Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
+
+
+@pytest.fixture(scope="module")
+def players():
+    from experiment_args import ScriptArguments
+
+    args = ScriptArguments(model_name="tiny-gpt2")
+    torch.manual_seed(0)
+    policy, tokenizer = utils.load_model_and_tokenizer(args, shrink_head=True)
+    with torch.no_grad():  # a non-trivial adapter, so the policy is not uniform
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.2)
+    policy.eval()
+    reflector, reflect_tokenizer = utils.load_model_and_tokenizer(args, trainable=False)
+    return policy, tokenizer, reflector, reflect_tokenizer
+
+
+def _run(players, count=6, reflect=True, shuffle=True, seed=0, **kw):
+    policy, tokenizer, reflector, reflect_tokenizer = players
+    rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector if reflect else None,
+                               reflect_tokenizer=reflect_tokenizer, reflect_max_new_tokens=12, **kw)
+    envs = [make_env("taxi", shuffle_action=shuffle, horizon=6) for _ in range(count)]
+    starts = [EpisodeStart(seed=100 + i, options={"curriculum": "full"}) for i in range(count)]
+    return rollout, envs, rollout.run(envs, starts, np.random.default_rng(seed))
+
+
+def test_episodes_are_valid_and_reproducible(players):
+    rollout, envs, episodes = _run(players)
+    assert len(episodes) == 6 and rollout.stats.decisions == sum(len(e.decisions) for e in episodes)
+    for episode in episodes:
+        assert 1 <= len(episode.decisions) <= 6
+        assert episode.cost == pytest.approx(sum(episode.costs()))
+        for decision in episode.decisions:
+            assert decision.action in decision.valid and len(decision.valid) == 6
+            assert decision.prompt == policy_prompt(decision.obs, envs[0].action_head, decision.reflection)
+            assert decision.reflection.endswith("\n") and ACTION_MARKER.strip() not in decision.reflection
+            assert decision.prompt.endswith(ACTION_MARKER) and ANALYZE_MARKER in decision.prompt
+    again = _run(players)[2]
+    assert [e.to_dict() for e in again] == [e.to_dict() for e in episodes]
+    other = _run(players, seed=1)[2]
+    assert [e.to_dict() for e in other] != [e.to_dict() for e in episodes]
+
+
+def test_invalid_labels_are_never_chosen(players):
+    _, _, episodes = _run(players, count=8, reflect=False, shuffle=True)
+    chosen = [LABELS[d.action] for e in episodes for d in e.decisions]
+    assert chosen and all(d.action in d.valid for e in episodes for d in e.decisions)
+    assert not set(chosen) <= set("012345")  # shuffled labels really were used
+
+
+def test_stored_logprobs_equal_a_fresh_recomputation(players):
+    policy, tokenizer, *_ = players
+    _, _, episodes = _run(players)
+    decisions = [d for e in episodes for d in e.decisions]
+    scorer = PolicyScorer(policy, tokenizer, max_seq_length=1024, temperature=1.0)
+    with torch.no_grad():
+        logp, *_ = scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions])
+    fresh = logp[torch.arange(len(decisions)), torch.tensor([d.action for d in decisions])]
+    torch.testing.assert_close(fresh, torch.tensor([d.logprob for d in decisions]), atol=1e-5, rtol=1e-5)
+    entropy = -(logp.exp() * logp.masked_fill(logp.isinf(), 0)).sum(-1)
+    torch.testing.assert_close(entropy, torch.tensor([d.entropy for d in decisions]), atol=1e-5, rtol=1e-5)
+    assert all(torch.isinf(logp[i, j]) for i, d in enumerate(decisions) for j in range(len(LABELS))
+               if j not in d.valid)
+
+
+def test_prompt_in_a_padded_batch_scores_as_alone(players):
+    policy, tokenizer, *_ = players
+    scorer = PolicyScorer(policy, tokenizer, max_seq_length=1024, temperature=0.7)
+    env = make_env("taxi", with_history=True)
+    obs, info = env.reset(seed=3)
+    short = policy_prompt(obs, env.action_head)
+    for _ in range(3):
+        obs, _, _, _, info = env.step(info["oracle_label"])
+    long = policy_prompt(obs, env.action_head, "Head south now.")
+    valid = [LABEL_INDEX[label] for label in info["labels"]]
+    with torch.no_grad():
+        batch, *_ = scorer.logprobs([short, long], [valid, valid])
+        alone_short, *_ = scorer.logprobs([short], [valid])
+        alone_long, *_ = scorer.logprobs([long], [valid])
+    assert len(tokenizer(long)["input_ids"]) > len(tokenizer(short)["input_ids"]) + 50
+    torch.testing.assert_close(batch[0, valid], alone_short[0, valid], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch[1, valid], alone_long[0, valid], atol=1e-5, rtol=1e-5)
+
+
+def test_full_head_gives_the_same_label_distribution(players):
+    policy, tokenizer, *_ = players
+    scorer = PolicyScorer(policy, tokenizer, max_seq_length=1024, temperature=1.0)
+    env = make_env("taxi")
+    obs, info = env.reset(seed=5)
+    valid = [LABEL_INDEX[label] for label in info["labels"]]
+    prompt = policy_prompt(obs, env.action_head)
+    with torch.no_grad():
+        shrunk, *_ = scorer.logprobs([prompt], [valid])
+        with utils.full_head(policy):
+            full, *_ = scorer.logprobs([prompt], [valid])
+    torch.testing.assert_close(shrunk, full)
+
+
+def test_left_truncation_is_counted(players):
+    policy, tokenizer, *_ = players
+    rollout = TwoPlayerRollout(policy, tokenizer, max_seq_length=40)
+    env = make_env("taxi")
+    episodes = rollout.run([env], [EpisodeStart(seed=1, options={})], np.random.default_rng(0))
+    assert rollout.stats.truncated == len(episodes[0].decisions) > 0
+
+
+def test_without_reflection_prompts_have_no_analysis(players):
+    _, envs, episodes = _run(players, reflect=False)
+    for decision in (d for e in episodes for d in e.decisions):
+        assert decision.reflection is None and decision.prompt == decision.obs + ACTION_MARKER
+
+
+def test_reflect_prob_mixes_prompts(players):
+    _, _, episodes = _run(players, count=8, reflect_prob=0.5)
+    kinds = {d.reflection is None for e in episodes for d in e.decisions}
+    assert kinds == {True, False}
+
+
+def test_replay_recreates_the_branch_state_with_the_same_reflection(players):
+    rollout, envs, episodes = _run(players, count=4)
+    longest = max(episodes, key=lambda e: len(e.decisions))
+    h = len(longest.decisions) - 1
+    start = EpisodeStart(seed=longest.seed, options=longest.options, replay=longest.decisions[:h + 1])
+    branch = rollout.run([envs[0]], [start], np.random.default_rng(7))[0]
+    for t in range(h):
+        assert branch.decisions[t] == longest.decisions[t]
+    assert branch.decisions[h].obs == longest.decisions[h].obs
+    assert branch.decisions[h].reflection == longest.decisions[h].reflection
+    assert branch.decisions[h].prompt == longest.decisions[h].prompt
+
+
+def test_replay_divergence_is_detected(players):
+    rollout, envs, episodes = _run(players, count=2)
+    episode = max(episodes, key=lambda e: len(e.decisions))
+    tampered = [dataclasses.replace(d) for d in episode.decisions]
+    tampered[0] = dataclasses.replace(tampered[0], obs=tampered[0].obs + "x")
+    with pytest.raises(RuntimeError, match="diverged"):
+        rollout.run([envs[0]], [EpisodeStart(seed=episode.seed, options=episode.options, replay=tampered)],
+                    np.random.default_rng(0))
+
+
+def test_episode_round_trips_through_json(players):
+    _, _, episodes = _run(players, count=2)
+    for episode in episodes:
+        assert Episode.from_dict(json.loads(json.dumps(episode.to_dict()))) == episode
+
+
+def test_greedy_rollout_picks_the_argmax(players):
+    policy, tokenizer, *_ = players
+    rollout = TwoPlayerRollout(policy, tokenizer, greedy=True)
+    env = make_env("taxi")
+    episode = rollout.run([env], [EpisodeStart(seed=2, options={})], np.random.default_rng(0))[0]
+    scorer = PolicyScorer(policy, tokenizer, 1024, 1.0)
+    with torch.no_grad():
+        logp, *_ = scorer.logprobs([episode.decisions[0].prompt], [episode.decisions[0].valid])
+    assert episode.decisions[0].action == int(logp.argmax())

@@ -1,0 +1,97 @@
+"""supervised_pretrain.py: completion-only labels, truncation, errors, a short run, resume."""
+
+import json
+
+import pytest
+import torch
+
+import supervised_pretrain as sft
+import utils
+from prompts import ACTION_MARKER, ANALYZE_MARKER, policy_sft_text, reflection_sft_text
+
+HEAD = "The actions you can take now is:"
+OBS = f"--- Current State ---\n+---+\n|T P|\n+---+\n{HEAD}\n0. Move south\n1. Move north\n2. Move east\n"
+
+
+def _write(path, texts):
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return str(path)
+
+
+def test_policy_text_trains_only_the_label(tiny_tokenizer):
+    text = policy_sft_text(OBS, HEAD, "2", reflection="The passenger is east.")
+    example = sft.encode_example(tiny_tokenizer, text, 1024, None)
+    completion = [t for t, label in zip(example["input_ids"], example["labels"]) if label != sft.IGNORE]
+    assert tiny_tokenizer.decode(completion) == "2"
+    assert example["labels"][:-1] == [sft.IGNORE] * (len(example["labels"]) - 1)
+    assert tiny_tokenizer.decode(example["input_ids"]) == text
+
+
+def test_reflection_text_trains_the_reflection_and_eos(tiny_tokenizer):
+    text = reflection_sft_text(OBS, HEAD, "The passenger is east of the taxi.")
+    example = sft.encode_example(tiny_tokenizer, text, 1024, True)
+    trained = [t for t, label in zip(example["input_ids"], example["labels"]) if label != sft.IGNORE]
+    assert trained[-1] == tiny_tokenizer.eos_token_id
+    assert tiny_tokenizer.decode(trained[:-1]) == "The passenger is east of the taxi.\n"
+    prompt = [t for t, label in zip(example["input_ids"], example["labels"]) if label == sft.IGNORE]
+    assert tiny_tokenizer.decode(prompt).endswith(ANALYZE_MARKER)
+
+
+def test_long_prompts_lose_their_beginning(tiny_tokenizer):
+    text = policy_sft_text("filler words " * 200 + OBS, HEAD, "1")
+    example = sft.encode_example(tiny_tokenizer, text, 64, False)
+    assert len(example["input_ids"]) == 64 and tiny_tokenizer.decode(example["input_ids"]).endswith(ACTION_MARKER + "1")
+    assert sft.encode_example(tiny_tokenizer, reflection_sft_text(OBS, HEAD, "word " * 100), 20, None) is None
+
+
+def test_reflect_flag_checks_the_data(tiny_tokenizer):
+    with pytest.raises(ValueError, match="--reflect=True"):
+        sft.encode_example(tiny_tokenizer, policy_sft_text(OBS, HEAD, "1"), 1024, True)
+    with pytest.raises(ValueError, match="--reflect=False"):
+        sft.encode_example(tiny_tokenizer, reflection_sft_text(OBS, HEAD, "x"), 1024, False)
+
+
+def test_bad_task_files_are_named(tmp_path):
+    with pytest.raises(ValueError, match="--task_file"):
+        sft.read_texts(None)
+    with pytest.raises(ValueError, match="no such file"):
+        sft.read_texts(str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok # Action:\\n1"}\n{not json}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2 is not JSON"):
+        sft.read_texts(str(bad))
+    bad.write_text('{"txt": "x"}\n')
+    with pytest.raises(ValueError, match="no string field 'text'"):
+        sft.read_texts(str(bad))
+
+
+def test_short_run_lowers_the_loss_and_saves_a_loadable_adapter(make_args, tmp_path):
+    texts = [policy_sft_text(OBS.replace("T P", f"T{i % 3}P"), HEAD, str(i % 3)) for i in range(24)]
+    args = make_args(task_file=_write(tmp_path / "sft.jsonl", texts), max_steps=30, save_steps=15,
+                     logging_steps=5, learning_rate=3e-3, per_device_train_batch_size=8)
+    assert sft.main(args) == 0
+    (run_dir,) = (tmp_path / "results").glob("*_supervised_pretrain")
+    losses = [r["loss"] for r in utils.read_metrics(run_dir) if "loss" in r]
+    assert len(losses) == 6 and losses[-1] < 0.5 * losses[0]
+    checkpoint = run_dir / "checkpoint-30"
+    assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / utils.SETTINGS_FILE).is_file()
+    assert (run_dir / "checkpoint-15" / utils.SETTINGS_FILE).is_file()
+    tuned, tokenizer = utils.load_model_and_tokenizer(make_args(), adapter_dir=str(checkpoint), trainable=False)
+    base, _ = utils.load_model_and_tokenizer(make_args(), trainable=False)
+    batch = tokenizer([texts[1][:-1]], return_tensors="pt")
+    labels = [tokenizer.convert_tokens_to_ids(label) for label in "012"]
+    with torch.no_grad():
+        tuned_mass = tuned(**batch).logits[0, -1].softmax(-1)[labels].sum()
+        base_mass = base(**batch).logits[0, -1].softmax(-1)[labels].sum()
+    assert base_mass < 0.01 and tuned_mass > 0.3  # the adapter learned to answer with a label
+
+
+def test_resume_continues_the_step_count(make_args, tmp_path):
+    texts = [policy_sft_text(OBS, HEAD, "0")] * 8
+    task_file = _write(tmp_path / "sft.jsonl", texts)
+    assert sft.main(make_args(task_file=task_file, max_steps=4, save_steps=2)) == 0
+    (first,) = (tmp_path / "results").glob("*_supervised_pretrain")
+    assert sft.main(make_args(task_file=task_file, max_steps=6, save_steps=2,
+                              resume_from=str(first / "checkpoint-2"))) == 0
+    second = tmp_path / "results" / "2_supervised_pretrain"
+    assert sorted(p.name for p in second.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
