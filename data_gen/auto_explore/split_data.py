@@ -1,0 +1,57 @@
+"""python -m data_gen.auto_explore.split_data --task_file=.../data_reflection_negative.json: 7:2:1 split.
+
+Writes ``train.json``, ``validate.json`` and ``test.json`` next to the task file (or in
+``--output_dir``). Tasks are grouped by repository and question, so a question never
+appears on both sides of a split; groups are shuffled with ``--seed`` and filled into
+the splits in order, each group going to the first split with room for it.
+"""
+
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from data_gen.auto_explore import FILTERED_DIR
+from data_gen.common import item_rng, print_counts, read_json, write_json
+from experiment_args import parse_args
+
+SPLITS = {"train": 0.7, "validate": 0.2, "test": 0.1}
+
+
+def split_tasks(tasks: list[dict], seed: int) -> dict[str, list[dict]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for task in tasks:
+        groups[(str(task.get("root")), str(task.get("question", "")).strip())].append(task)
+    keys = sorted(groups)
+    order = item_rng(seed, "split_data").permutation(len(keys))
+    sizes, names = [round(fraction * len(tasks)) for fraction in SPLITS.values()], list(SPLITS)
+    sizes[-1] = len(tasks) - sum(sizes[:-1])
+    splits: dict[str, list[dict]] = {name: [] for name in names}
+    for index in order:
+        group = groups[keys[index]]
+        room = [name for name, size in zip(names, sizes) if len(splits[name]) + len(group) <= size]
+        # A group too large for any remaining room goes where the shortfall is largest.
+        name = room[0] if room else max(names, key=lambda n: sizes[names.index(n)] - len(splits[n]))
+        splits[name] += group
+    return splits
+
+
+def main(args) -> int:
+    task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data_reflection_negative.json"
+    tasks = read_json(task_file)
+    if not isinstance(tasks, list):
+        raise ValueError(f"--task_file: {task_file} must hold a list of tasks")
+    out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
+    splits = split_tasks(tasks, args.seed)
+    counts = {}
+    for name, part in splits.items():
+        write_json(out_dir / f"{name}.json", part)
+        counts[name] = len(part)
+        depths = Counter(task.get("n_level") for task in part)
+        counts.update({f"{name} depth {d}": n for d, n in sorted(depths.items(), key=lambda kv: str(kv[0]))})
+    counts["output"] = str(out_dir)
+    print_counts("auto_explore.split_data", counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.split_data")))

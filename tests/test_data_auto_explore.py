@@ -1,0 +1,486 @@
+"""AutoExplore data pipeline: filtering, oracle and API tasks, trajectories and negatives, splits, SFT texts."""
+
+import json
+import os
+import re
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from data_gen.auto_explore import (
+    TASK_FIELDS,
+    collect_repos,
+    filter_repo,
+    filter_task,
+    gen_sft,
+    gen_task,
+    reflection_negative,
+    split_data,
+)
+from data_gen.auto_explore.gen_task import candidate_questions, parse_pairs
+from data_gen.auto_explore.reflection_negative import parse_answer, question_topic
+from data_gen.common import Journal
+from data_gen.llm import LLMError
+from envs.auto_explore import AutoExploreEnv, optimal_path, task_targets
+from envs.sandbox import file_kind
+from experiment_args import ScriptArguments
+from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_sft_text, reflection_sft_text
+from tests.openai_server import OpenAIServer
+
+SEED = 7
+
+# What filter_repo must keep of the fixture repositories (see build_repos).
+KEPT = {
+    "alpha": {"README.md", "config.yaml", "contest.py", "docs/guide.rst", "pkg/__init__.py", "pkg/core.py",
+              "pkg/io/loader.py", "pkg/io/readers/deep.py", "data/values.csv"},
+    "beta": {"main.py", "settings.json", "utils/helpers.py", "utils/strings.py", "docs/intro.md",
+             "data/table.tsv", "src/server.go"},
+}
+
+
+def write(path, text) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+
+
+def build_repos(root):
+    """Two small repositories: informative files at depths 0-3 and junk that filter_repo must drop."""
+    alpha, beta = root / "alpha", root / "beta"
+    write(alpha / "README.md", "# Alpha\n\nAlpha parses things.\n\n## Installation\n\nRun pip install alpha.\n\n"
+                               "## Usage\n\nCall alpha.run().\n```\n# not a heading\n```\n")
+    write(alpha / "config.yaml", "name: alpha\nversion: 1\nlayers:\n  - a\n  - b\n")
+    write(alpha / "contest.py", 'def score_contest(entries):\n    """Compute the contest score of the entries."""\n'
+                                "    return sum(entries)\n\n\nclass Judge:\n"
+                                '    """Represents a contest judge."""\n')
+    write(alpha / "docs" / "guide.rst", "Guide\n=====\n\nIntro.\n\nConfiguration\n-------------\n\nSet things.\n")
+    write(alpha / "pkg" / "__init__.py", '"""The alpha package."""\nfrom pkg.core import run\n')
+    write(alpha / "pkg" / "core.py", 'def run(config):\n    """Run the alpha pipeline on a config."""\n'
+                                     "    return Pipeline(config)\n\n\nclass Pipeline:\n"
+                                     '    """Builds the processing steps of alpha."""\n\n'
+                                     "def helper_tool():\n    return 1\n")
+    write(alpha / "pkg" / "io" / "loader.py", 'def load_table(path):\n    """Load a table from a csv file."""\n'
+                                              "    return open(path).read()\n")
+    write(alpha / "pkg" / "io" / "readers" / "deep.py", "def deep_read():\n    return 'deep'\n")
+    write(alpha / "data" / "values.csv", "city,population,area\nParis,2100000,105\nLyon,520000,48\n")
+    # junk
+    write(alpha / "LICENSE", "MIT License\n" * 5)
+    write(alpha / "LICENSE.md", "MIT License\n" * 5)
+    write(alpha / "requirements.txt", "numpy\npyyaml\n")
+    write(alpha / "Makefile", "all:\n\techo hi\n")
+    write(alpha / ".hidden.py", "print('hidden file')\n")
+    write(alpha / "_private.py", "def private():\n    return 0\n")
+    write(alpha / "tiny.py", "x = 1\n")
+    write(alpha / "blob.txt", "é" * 60)
+    write(alpha / "naïve.py", "print('non-ascii name')\n")
+    write(alpha / "tests" / "test_contest.py", "def test_score():\n    assert True\n")
+    write(alpha / "examples" / "demo.py", "print('a demo of alpha')\n")
+    write(alpha / "ci" / "build.sh", "echo building alpha\n")
+    write(alpha / "notes" / "_draft.md", "# Draft\nnothing yet\n")
+    write(alpha / "docs" / "conf.py", "project = 'alpha docs'\n")
+    write(alpha / ".git" / "config.yaml", "core: {bare: false}\n")
+    os.symlink("contest.py", alpha / "link.py")
+
+    write(beta / "main.py", 'def main_entry():\n    """Start the beta command line."""\n\n\n'
+                            "def shared_name():\n    return 'main'\n")
+    write(beta / "utils" / "helpers.py", "def shared_name():\n    return 'helpers'\n\n\n"
+                                         'def format_money(x):\n    """Format an amount of money."""\n'
+                                         "    return f'{x:.2f}'\n")
+    write(beta / "utils" / "strings.py", "def slugify(text):\n    return text.lower().replace(' ', '-')\n")
+    write(beta / "docs" / "intro.md", "# Beta intro\n\n## Getting started\n\nInstall beta.\n")
+    write(beta / "data" / "table.tsv", "id\tlabel\tscore\n1\ta\t0.5\n2\tb\t0.7\n")
+    write(beta / "settings.json", json.dumps({"debug": False, "workers": 4}))
+    write(beta / "src" / "server.go", "package app\n\nfunc StartServer(port int) error {\n\treturn nil\n}\n")
+    return root
+
+
+def make(**overrides) -> ScriptArguments:
+    values = {"model_name": "tiny-gpt2", "seed": SEED, "api": "oracle"}
+    values.update({k: str(v) if hasattr(v, "__fspath__") else v for k, v in overrides.items()})
+    return ScriptArguments(**values)
+
+
+def read_jsonl(path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The whole oracle pipeline run once on the fixture repositories."""
+    base = tmp_path_factory.mktemp("auto_explore")
+    raw = build_repos(base / "repos")
+    paths = SimpleNamespace(base=base, raw=raw, repos=base / "repos_filtered", tasks=base / "tasks",
+                            filtered=base / "tasks_filtered")
+    assert filter_repo.main(make(repo_dir=raw, output_dir=paths.repos)) == 0
+    assert gen_task.main(make(repo_dir=paths.repos, output_dir=paths.tasks)) == 0
+    assert filter_task.main(make(task_file=paths.tasks, repo_dir=paths.repos, output_dir=paths.filtered)) == 0
+    assert reflection_negative.main(make(task_file=paths.filtered / "data.json", repo_dir=paths.repos)) == 0
+    assert split_data.main(make(task_file=paths.filtered / "data_reflection_negative.json")) == 0
+    assert gen_sft.main(make(task_file=paths.filtered / "train.json", repo_dir=paths.repos, shuffle_action=True)) == 0
+    return paths
+
+
+def files_under(root) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+# --- filter_repo ---------------------------------------------------------------------------
+
+
+def test_filter_repo_keeps_exactly_the_informative_files(chain):
+    for repo, kept in KEPT.items():
+        assert files_under(chain.repos / repo) == kept
+    assert not (chain.repos / "alpha" / "notes").exists()  # left empty by the filter
+    assert sorted(p.name for p in chain.repos.iterdir()) == ["alpha", "beta"]
+
+
+def test_filter_repo_rerun_replaces_the_copy(chain, tmp_path, capsys):
+    out = tmp_path / "filtered"
+    assert filter_repo.main(make(repo_dir=chain.raw, output_dir=out)) == 0
+    write(out / "alpha" / "stale.py", "print('from an older run')\n")
+    assert filter_repo.main(make(repo_dir=chain.raw, output_dir=out)) == 0
+    assert files_under(out / "alpha") == KEPT["alpha"]
+    assert sorted(p.name for p in out.iterdir()) == ["alpha", "beta"]  # no temporary folder left behind
+    summary = capsys.readouterr().out
+    assert "dropped: symlink: 1" in summary and "dropped dir: empty: 1" in summary
+
+
+def test_filter_repo_flags_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="--repo_dir"):
+        filter_repo.main(make())
+    with pytest.raises(ValueError, match="--output_dir"):
+        filter_repo.main(make(repo_dir=tmp_path, output_dir=tmp_path / "inside"))
+
+
+# --- gen_task --------------------------------------------------------------------------------
+
+
+def test_oracle_tasks_schema_and_answers(chain):
+    tasks = json.loads((chain.tasks / "data.json").read_text())
+    per_repo = [json.loads((chain.tasks / f"{repo}.json").read_text()) for repo in ("alpha", "beta")]
+    assert tasks == per_repo[0] + per_repo[1] and len(tasks) >= 10
+    for task in tasks:
+        assert tuple(task) == TASK_FIELDS
+        assert task["answer"] == task["filename"] and task["model"] == "oracle"
+        assert task["filename"] in KEPT[task["root"]]
+        assert task["n_level"] == task["filename"].count("/") <= 2
+        assert task["optimal_path"] == optimal_path(task)
+        assert task["question"] in candidate_questions(task["filename"], (chain.repos / task["root"] /
+                                                                            task["filename"]).read_text())
+    questions = {t["question"] for t in tasks}
+    assert not any("shared_name" in q for q in questions)  # two files define it: never asked
+    assert {t["n_level"] for t in tasks} == {0, 1, 2}
+    per_file = {}
+    for task in tasks:
+        per_file.setdefault((task["root"], task["filename"]), []).append(task)
+    assert all(1 <= len(found) <= 3 for found in per_file.values())
+
+
+def test_oracle_question_kinds():
+    assert candidate_questions("a.py", 'def parse_args():\n    """Parse the command line."""\n') == [
+        "Which file defines the function `parse_args`?", "Where is the function that parses the command line?"]
+    assert candidate_questions("a.md", "# Title\n## Installation\n```\n# code\n```\n") == [
+        "Which document has a section titled 'Title'?", "Which document has a section titled 'Installation'?"]
+    assert candidate_questions("t.csv", "city,area,x\nParis,105,1\n") == [
+        "Which data file has a column named 'city'?", "Which data file has a column named 'area'?"]
+    assert candidate_questions("c.yaml", "name: 1\nsize: 2\n") == ["Which file has the top-level key 'name'?",
+                                                                 "Which file has the top-level key 'size'?"]
+    assert candidate_questions("s.go", "func StartServer(port int) error {\n}\n") == [
+        "Which file defines `StartServer`?"]
+    assert candidate_questions("n.txt", "\n") == []
+
+
+def test_parse_pairs():
+    answer = "Sure!\n1. QUERY: What is x?\nANSWER: It is\n  a number.\n**QUERY:** Why?\n**ANSWER:** Because.\nQUERY: lost"
+    assert parse_pairs(answer) == [("What is x?", "It is a number."), ("Why?", "Because.")]
+    assert parse_pairs("no pairs here") == []
+
+
+def test_api_tasks_keep_good_files_and_count_the_malformed(chain, tmp_path, capsys):
+    def responder(body):
+        prompt = body["messages"][1]["content"]
+        if "contest.py" in prompt:
+            return 200, "I would rather not."
+        return 200, "QUERY: What does this part do?\nANSWER: It helps alpha."
+
+    with OpenAIServer(responder) as server:
+        args = make(api="local", base_url=server.url, model="local-llm", repo_dir=chain.repos, output_dir=tmp_path)
+        assert gen_task.main(args) == 0
+        asked = len(server.requests)
+        prompts = [r["body"]["messages"][1]["content"] for r in server.requests]
+        assert gen_task.main(args) == 0  # journaled: nothing asked again
+        assert len(server.requests) == asked
+    shallow = {(repo, f) for repo, kept in KEPT.items() for f in kept if f.count("/") <= 2}
+    assert asked == len(shallow)
+    tasks = json.loads((tmp_path / "data.json").read_text())
+    assert {(t["root"], t["filename"]) for t in tasks} == shallow - {("alpha", "contest.py")}
+    assert all(t["answer"] == "It helps alpha." and t["model"] == "local-llm" for t in tasks)
+    assert "malformed answers: 1" in capsys.readouterr().out
+    assert any("data file" in p and "values.csv" in p for p in prompts)
+    assert any("code file" in p and "core.py" in p for p in prompts)
+
+
+def test_gen_task_resumes_to_the_same_output(chain, tmp_path, monkeypatch):
+    real, calls = gen_task.file_tasks, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise LLMError("simulated outage")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gen_task, "file_tasks", failing)
+    args = make(repo_dir=chain.repos, output_dir=tmp_path)
+    assert gen_task.main(args) == 1
+    assert len(Journal(tmp_path, f"gen_task_oracle_seed{SEED}").done) == 3
+    assert not (tmp_path / "data.json").exists()
+    monkeypatch.setattr(gen_task, "file_tasks", real)
+    assert gen_task.main(args) == 0
+    assert (tmp_path / "data.json").read_text() == (chain.tasks / "data.json").read_text()
+
+
+# --- filter_task --------------------------------------------------------------------------------
+
+
+def test_filter_task_drops_and_merges(chain, tmp_path, capsys):
+    def task(question, filename, root="alpha"):
+        return {"question": question, "answer": "x", "optimal_path": [], "filename": filename, "root": root,
+                "n_level": 9, "model": "m"}
+
+    folder = tmp_path / "tasks"
+    write(folder / "alpha.json", json.dumps([
+        task("Where is the pipeline?", "pkg/core.py"),
+        task("  ", "pkg/core.py"),
+        task("Where is the loader?", "pkg/io/gone.py"),
+        task("Where is the pipeline? ", "contest.py"),
+        task("What is in the config?", "config.yaml"),
+    ]))
+    write(folder / "beta.json", json.dumps([task("Where is the pipeline?", "main.py", root="beta")]))
+    write(folder / "data.json", json.dumps([task("not read", "main.py", root="beta")]))
+    out = tmp_path / "out"
+    assert filter_task.main(make(task_file=folder, repo_dir=chain.repos, output_dir=out)) == 0
+    kept = json.loads((out / "data.json").read_text())
+    assert [(t["root"], t["question"], t["filename"]) for t in kept] == [
+        ("alpha", "Where is the pipeline?", ["contest.py", "pkg/core.py"]),
+        ("alpha", "What is in the config?", "config.yaml"),
+        ("beta", "Where is the pipeline?", "main.py"),
+    ]
+    assert kept[0]["optimal_path"] == ["cat contest.py", "id contest.py"] and kept[0]["n_level"] == 0
+    assert kept[2]["optimal_path"] == ["cat main.py", "id main.py"]
+    summary = capsys.readouterr().out
+    assert "dropped: empty question: 1" in summary and "dropped: file missing: 1" in summary
+    assert "merged duplicates: 1" in summary
+
+
+# --- reflection_negative ----------------------------------------------------------------------
+
+
+def test_positive_trajectories_follow_the_optimal_path(chain):
+    records = json.loads((chain.filtered / "data_reflection_negative.json").read_text())
+    tasks = json.loads((chain.filtered / "data.json").read_text())
+    assert [{k: v for k, v in r.items() if k != "trajectories"} for r in records] == tasks
+    for record in records:
+        positive = record["trajectories"][0]
+        assert positive["info"] == "positive0" and positive["model_name"] == "oracle"
+        assert positive["filename"] in task_targets(record["filename"])
+        assert [step["cmd"] for step in positive["trajectory"]] == record["optimal_path"]
+        assert all(step["reflection"] for step in positive["trajectory"])
+        topic = question_topic(record["question"])
+        assert all(topic in s["reflection"] for s in positive["trajectory"])
+
+
+def test_negatives_read_a_wrong_file_then_correct(chain):
+    records = json.loads((chain.filtered / "data_reflection_negative.json").read_text())
+    levels = set()
+    for record in records:
+        negatives = record["trajectories"][1:]
+        assert len(negatives) <= 2
+        folders = [cmd for cmd in record["optimal_path"] if cmd.startswith("cd ")]
+        target = task_targets(record["filename"])[0]
+        for negative in negatives:
+            level = int(negative["info"].removeprefix("negative"))
+            levels.add(level)
+            steps = negative["trajectory"]
+            assert negative["filename"] is None and len(steps) == level + 2
+            assert [s["cmd"] for s in steps[:level]] == folders[:level]
+            assert all(s["reflection"] is None for s in steps[:-1])
+            wrong = steps[-2]["cmd"].removeprefix("cat ")
+            folder = "/".join(target.split("/")[:level])
+            assert steps[-2]["cmd"].startswith("cat ") and (f"{folder}/{wrong}" if folder else wrong) != target
+            expected = folders[level] if level < len(folders) else f"cat {target.split('/')[-1]}"
+            assert steps[-1]["cmd"] == expected
+            assert steps[-1]["reflection"].startswith(f"I read {wrong}, but it does not answer")
+    assert {0, 1} <= levels
+
+
+def test_reflection_negative_resumes_to_the_same_output(chain, tmp_path, monkeypatch):
+    real, calls = reflection_negative.task_trajectories, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise LLMError("simulated outage")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reflection_negative, "task_trajectories", failing)
+    args = make(task_file=chain.filtered / "data.json", repo_dir=chain.repos, output_dir=tmp_path)
+    assert reflection_negative.main(args) == 1
+    assert len(Journal(tmp_path, f"reflection_negative_oracle_seed{SEED}_h15").done) == 2
+    monkeypatch.setattr(reflection_negative, "task_trajectories", real)
+    assert reflection_negative.main(args) == 0
+    assert (tmp_path / "data_reflection_negative.json").read_text() == \
+        (chain.filtered / "data_reflection_negative.json").read_text()
+
+
+def test_parse_answer():
+    labels, actions = ["0", "1", "2"], ["cd pkg", "cat README.md", "id README.md"]
+    assert parse_answer("Reflection: Go in.\nCommand: 0", labels, actions) == ("Go in.", "cd pkg")
+    assert parse_answer("**Reflection:** Read\nit.\n**Command:** `1. cat README.md`", labels, actions) == (
+        "Read it.", "cat README.md")
+    assert parse_answer("Reflection: x\nCommand: id README.md", labels, actions) == ("x", "id README.md")
+    assert parse_answer("Reflection: x\nCommand: 7", labels, actions) is None
+    assert parse_answer("Command: 0", labels, actions) is None
+
+
+def _api_agent(body):
+    """Walk to alpha's pkg/core.py, answering in the format the API writer asks for."""
+    prompt = body["messages"][1]["content"]
+    listing = prompt.split("# Choose from below your command\n", 1)[1]
+    choices = dict(re.findall(r"^(\S+)\. (.+)$", listing, re.M))
+    by_command = {command: label for label, command in choices.items()}
+    history = prompt.split("# Command history\n", 1)[1].split("# Execution result", 1)[0]
+    wanted = ["id core.py"] if "cat core.py" in history else ["cat core.py", "cd pkg"]
+    command = next(c for c in wanted if c in by_command)
+    return 200, f"Reflection: I look for the pipeline, so `{command}` next.\nCommand: {by_command[command]}"
+
+
+def test_api_reflections_and_unusable_answers(chain, tmp_path, capsys):
+    task = {"question": "Which file defines the function `run`?", "answer": "pkg/core.py", "optimal_path": [],
+            "filename": "pkg/core.py", "root": "alpha", "n_level": 1, "model": "oracle"}
+    task["optimal_path"] = optimal_path(task)
+    write(tmp_path / "good" / "data.json", json.dumps([task]))
+    with OpenAIServer(_api_agent) as server:
+        args = make(api="local", base_url=server.url, model="local-llm", task_file=tmp_path / "good" / "data.json",
+                    repo_dir=chain.repos)
+        assert reflection_negative.main(args) == 0
+        assert "For you only" in server.requests[0]["body"]["messages"][1]["content"]
+    (record,) = json.loads((tmp_path / "good" / "data_reflection_negative.json").read_text())
+    positive, *negatives = record["trajectories"]
+    assert positive["filename"] == "pkg/core.py" and positive["model_name"] == "local-llm"
+    assert [s["cmd"] for s in positive["trajectory"]] == ["cd pkg", "cat core.py", "id core.py"]
+    assert positive["trajectory"][0]["reflection"] == "I look for the pipeline, so `cd pkg` next."
+    assert len(negatives) == 2 and [n["trajectory"][-1]["cmd"] for n in negatives] == ["cd pkg", "cat core.py"]
+
+    write(tmp_path / "bad" / "data.json", json.dumps([task]))
+    with OpenAIServer(lambda body: (200, "I am not sure what to do.")) as server:
+        args = make(api="local", base_url=server.url, model="local-llm", task_file=tmp_path / "bad" / "data.json",
+                    repo_dir=chain.repos)
+        assert reflection_negative.main(args) == 0
+    (record,) = json.loads((tmp_path / "bad" / "data_reflection_negative.json").read_text())
+    assert record["trajectories"] == [{"model_name": "local-llm", "trajectory": [], "filename": None,
+                                       "info": "positive0"}]
+    assert "unusable answers: 3" in capsys.readouterr().out
+
+
+# --- split_data ----------------------------------------------------------------------------------
+
+
+def test_split_proportions(chain):
+    records = json.loads((chain.filtered / "data_reflection_negative.json").read_text())
+    parts = {name: json.loads((chain.filtered / f"{name}.json").read_text()) for name in ("train", "validate", "test")}
+    n = len(records)
+    assert [len(parts["train"]), len(parts["validate"])] == [round(0.7 * n), round(0.2 * n)]
+    assert sorted(json.dumps(r, sort_keys=True) for part in parts.values() for r in part) == \
+        sorted(json.dumps(r, sort_keys=True) for r in records)
+
+
+def test_split_keeps_a_question_together():
+    tasks = [{"root": "r", "question": f"q{i % 7}", "id": i, "n_level": 0} for i in range(30)]
+    splits = split_data.split_tasks(tasks, seed=3)
+    assert sum(len(p) for p in splits.values()) == 30
+    owner = {}
+    for name, part in splits.items():
+        for task in part:
+            assert owner.setdefault(task["question"], name) == name
+    assert split_data.split_tasks(tasks, seed=3) == splits
+
+
+# --- gen_sft ---------------------------------------------------------------------------------------
+
+
+def test_sft_files_hold_the_right_texts(chain):
+    train = json.loads((chain.filtered / "train.json").read_text())
+    texts = {name: read_jsonl(chain.filtered / name) for name in gen_sft.OUTPUT_FILES}
+    positive_steps = sum(len(r["trajectories"][0]["trajectory"]) for r in train)
+    negatives = sum(len(r["trajectories"]) - 1 for r in train)
+    assert negatives > 0
+    assert len(texts["sft_reflection_positive.jsonl"]) == len(texts["sft_policy_positive.jsonl"]) == positive_steps
+    for name in ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl"):
+        assert len(texts[name]) == positive_steps + negatives
+    for text in texts["sft.jsonl"]:
+        assert ANALYZE_MARKER not in text and text.count(ACTION_MARKER) == 1
+        assert "# Choose from below your command\n" in text.split(ACTION_MARKER)[0]
+    for text in texts["sft_reflection.jsonl"] + texts["sft_reflection_positive.jsonl"]:
+        assert ACTION_MARKER not in text and text.count(ANALYZE_MARKER) == 1
+        assert "# Choose from below your command" not in text and text.endswith("\n")
+    for text in texts["sft_policy.jsonl"] + texts["sft_policy_positive.jsonl"]:
+        before, after = text.split(ANALYZE_MARKER)
+        assert after.index("# Choose from below your command") < after.index(ACTION_MARKER)
+        assert completion_start(text) == len(text) - len(text.split(ACTION_MARKER)[1])
+    assert any(t.split(ANALYZE_MARKER)[1].startswith("I read ") for t in texts["sft_reflection.jsonl"])
+    assert not any(t.split(ANALYZE_MARKER)[1].startswith("I read ") for t in texts["sft_reflection_positive.jsonl"])
+
+
+def test_sft_prompt_equals_what_the_env_shows(chain):
+    """Replay the first task's trajectories independently: every text is the env's own observation and label."""
+    record = json.loads((chain.filtered / "train.json").read_text())[0]
+    texts = {name: read_jsonl(chain.filtered / name) for name in ("sft.jsonl", "sft_reflection.jsonl",
+                                                                  "sft_policy.jsonl")}
+    env = AutoExploreEnv(shuffle_action=True, leaveout_prob=0.0, repos_dir=chain.repos)
+    expected = []
+    for index, trajectory in enumerate(record["trajectories"]):
+        obs, info = env.reset(seed=gen_sft.replay_seed(SEED, record, index), options={"task": record})
+        shown = []
+        for step in trajectory["trajectory"]:
+            label = info["labels"][info["actions"].index(step["cmd"])]
+            shown.append((obs, label, step["reflection"]))
+            obs, _, _, _, info = env.step(label)
+        expected += shown if index == 0 else shown[-1:]
+    env.close()
+    head = AutoExploreEnv.action_head
+    assert texts["sft.jsonl"][:len(expected)] == [policy_sft_text(o, head, label) for o, label, _ in expected]
+    assert texts["sft_policy.jsonl"][:len(expected)] == [policy_sft_text(o, head, label, r) for o, label, r in expected]
+    assert texts["sft_reflection.jsonl"][:len(expected)] == [reflection_sft_text(o, head, r) for o, _, r in expected]
+    # The shuffled labels are not the first ones of the list.
+    assert any(not text.endswith(ACTION_MARKER + "0") for text in texts["sft.jsonl"])
+
+
+def test_gen_sft_needs_trajectories(chain):
+    with pytest.raises(ValueError, match="trajectories"):
+        gen_sft.main(make(task_file=chain.filtered / "data.json", repo_dir=chain.repos,
+                          output_dir=chain.base / "unused"))
+
+
+# --- collect_repos ---------------------------------------------------------------------------------
+
+
+def test_collected_repos_give_targets_at_depths_0_1_2(tmp_path):
+    start = time.monotonic()
+    assert collect_repos.main(make(output_dir=tmp_path / "repos")) == 0
+    assert filter_repo.main(make(repo_dir=tmp_path / "repos", output_dir=tmp_path / "filtered")) == 0
+    depths = {path.relative_to(repo).as_posix().count("/")
+              for repo in (tmp_path / "filtered").iterdir() for path in repo.rglob("*")
+              if path.is_file() and file_kind(path.name)}
+    assert {0, 1, 2} <= depths
+    assert len(list((tmp_path / "filtered").iterdir())) >= 3
+    assert time.monotonic() - start < 30
+
+
+def test_question_topic():
+    assert question_topic("Which file defines the function `run`?") == "`run`"
+    assert question_topic("Which document has a section titled 'Usage'?") == "'Usage'"
+    assert question_topic("Where is the function that loads a table?") == "the function that loads a table"
+    assert question_topic("How do I  set the level?") == '"How do I set the level"'
