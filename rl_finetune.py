@@ -181,6 +181,16 @@ def apply_update(params, optimizer, accelerator, max_grad_norm: float, loss: flo
     return True
 
 
+def check_in_sync(params) -> None:
+    """Every rank must hold the same weights after averaged updates; fail loudly if not."""
+    from accelerate.utils import gather_object
+
+    checksum = float(sum(p.detach().double().sum() for p in params))
+    sums = gather_object([checksum])
+    if len(set(sums)) != 1:
+        raise RuntimeError(f"ranks diverged: parameter checksums {sums}")
+
+
 # --- the loop -------------------------------------------------------------------------------------
 
 def main(args) -> int:
@@ -189,7 +199,7 @@ def main(args) -> int:
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, is_main = accelerator.process_index, accelerator.is_main_process
-    utils.set_seed(args.seed + rank)
+    utils.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
     adapter_dir = args.resume_from or args.load_dir
     policy, tokenizer, reflector, reflect_tokenizer = load_players(args, adapter_dir)
     critic = None
@@ -203,6 +213,9 @@ def main(args) -> int:
     start_iteration, nan_skips = 0, 0
     if args.resume_from:
         restored = utils.load_checkpoint(args.resume_from, optimizer)
+        if len(restored["state"]["ranks"]) != accelerator.num_processes:
+            raise ValueError(f"--resume_from: {args.resume_from} was written by {len(restored['state']['ranks'])} "
+                             f"processes; resume it with as many, not {accelerator.num_processes}")
         state = restored["state"]["ranks"][rank]
         rng.bit_generator.state = state["rng"]
         replay.load_state_dict(state["replay"])
@@ -280,13 +293,16 @@ def main(args) -> int:
         if (iteration + 1) % args.save_steps == 0 or iteration + 1 == args.max_steps:
             rank_state = {"rng": rng.bit_generator.state, "replay": replay.state_dict(),
                           "critic": critic.state_dict() if critic is not None else None}
-            ranks = gather_object([rank_state]) if accelerator.num_processes > 1 else [rank_state]
+            ranks, logs = [rank_state], window
+            if accelerator.num_processes > 1:
+                check_in_sync(params)
+                ranks, logs = gather_object([rank_state]), gather_object(window)
             if is_main:
                 utils.save_checkpoint(
                     run_dir / f"checkpoint-{iteration + 1}", model=policy, tokenizer=tokenizer, args=args,
                     step=iteration + 1, optimizer=optimizer,
                     state={"ranks": ranks, "nan_skips": nan_skips, "level": level},
-                    files={"episodes.jsonl": "".join(json.dumps(e) + "\n" for e in window)})
+                    files={"episodes.jsonl": "".join(json.dumps(e) + "\n" for e in logs)})
             window = []
     if is_main:
         metric_log.close()

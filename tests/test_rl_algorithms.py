@@ -105,9 +105,9 @@ def test_value_head_starts_at_zero_and_learns():
     assert torch.all(head(hidden) == 0)
     target = hidden @ torch.tensor([1.0, -2.0, 0.5, 0.0])
     optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
-    first = float(value_loss(head(hidden), target))
+    first = value_loss(head(hidden), target).item()
     for _ in range(200):
         optimizer.zero_grad()
         value_loss(head(hidden), target).backward()
         optimizer.step()
-    assert float(value_loss(head(hidden), target)) < first / 10
+    assert value_loss(head(hidden), target).item() < first / 10

@@ -100,3 +100,26 @@ def test_rl_from_an_sft_adapter_with_a_frozen_reflector(make_args, tmp_path):
     tuned = _adapter(run / "checkpoint-1")
     start = load_file(str(tmp_path / "policy" / "adapter_model.safetensors"))
     assert any(not torch.equal(tuned[k], start[k]) for k in start)
+
+
+@pytest.mark.slow
+def test_two_processes_roll_out_different_episodes_and_stay_in_sync(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(REPO / "rl_finetune.py"), "--model_name", "tiny-gpt2", "--env", "taxi", "--taxi_curriculum",
+               "--curriculum_index", "0", "--first_step", "--max_steps", "2", "--save_steps", "2",
+               "--per_device_eval_batch_size", "3", "--ckpt_path", str(tmp_path / "results")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = _runs(tmp_path)  # only rank 0 writes
+    state = torch.load(run / "checkpoint-2" / utils.TRAINER_STATE_FILE, weights_only=True)
+    ranks = state["state"]["ranks"]
+    assert len(ranks) == 2 and ranks[0]["rng"] != ranks[1]["rng"]
+    episodes = [json.loads(x) for x in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 * 2 * 3 and len({e["seed"] for e in episodes}) == 12
+    assert len(utils.read_metrics(run)) == 2

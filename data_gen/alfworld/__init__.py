@@ -1,0 +1,1 @@
+"""ALFWorld data: reflections on oracle-plus-random rollouts, then SFT texts."""

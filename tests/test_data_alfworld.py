@@ -1,0 +1,278 @@
+"""ALFWorld pipeline: oracle reflections, resume, API backend, SFT texts.
+
+Most tests play the hand-made fixture game, copied into a temporary data root laid out as
+``<root>/train/<family>/<trial>``; one slow test plays the real tomato→microwave family.
+The shared data folder is read-only and must stay untouched.
+"""
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
+# this process; the env itself only imports it inside its worker process.
+if importlib.util.find_spec("alfworld") is None:
+    pytest.skip("alfworld is not installed (pip install -e .[alfworld])", allow_module_level=True)
+pytestmark = pytest.mark.alfworld
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "alfworld"
+TOMATO = DATA / "tomato_microwave_json_2.1.1"
+FAMILY = "pick_and_place_simple-Tomato-None-Microwave"
+FIXTURE = DATA / "fixtures" / f"{FAMILY}-1" / "trial_handmade"
+if not FIXTURE.is_dir() or not TOMATO.is_dir():
+    pytest.skip(f"ALFWorld data not found under {DATA}", allow_module_level=True)
+
+from data_gen.alfworld import gen_sft, reflection  # noqa: E402
+from data_gen.alfworld.reflection import LastStep, Memory, journal_name, oracle_reflection  # noqa: E402
+from data_gen.common import Journal, item_rng  # noqa: E402
+from data_gen.llm import LLMError  # noqa: E402
+from envs.alfworld import ALFWorldEnv  # noqa: E402
+from envs.base import rng_seed  # noqa: E402
+from experiment_args import ScriptArguments  # noqa: E402
+from prompts import ACTION_MARKER, completion_start, policy_prompt, reflection_prompt  # noqa: E402
+from tests.openai_server import OpenAIServer  # noqa: E402
+
+HEAD = ALFWorldEnv.action_head
+WIN = "move tomato 1 to microwave 1"
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data_before():
+    return _snapshot(DATA)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A data root holding only the fixture game, in the layout of the real release."""
+    root = tmp_path_factory.mktemp("alfworld_data")
+    shutil.copytree(FIXTURE, root / "train" / f"{FAMILY}-1" / "trial_handmade")
+    return root
+
+
+def _args(root: Path, out: Path, **overrides) -> ScriptArguments:
+    values = {"model_name": "tiny-gpt2", "api": "oracle", "alfworld_data": str(root), "output_dir": str(out),
+              "num_episodes": 3}
+    values.update(overrides)
+    return ScriptArguments(**values)
+
+
+def _run(root: Path, out: Path, **overrides) -> list[dict]:
+    assert reflection.main(_args(root, out, **overrides)) == 0
+    return json.loads((out / "data_reflection.json").read_text())
+
+
+def _episodes(records: list[dict]) -> dict[int, list[dict]]:
+    by_episode: dict[int, list[dict]] = {}
+    for record in records:
+        by_episode.setdefault(record["episode"], []).append(record)
+    return by_episode
+
+
+def _taken(state: str) -> str:
+    """The command the agent took last, read from the history of a later state."""
+    return re.findall(r"^> (.+)$", state, flags=re.M)[-1]
+
+
+@pytest.fixture(scope="module")
+def expert_run(root, tmp_path_factory):
+    """Three episodes following the expert (random_prob=0), with the summary line printed."""
+    out = tmp_path_factory.mktemp("expert_run")
+    return out, _run(root, out, random_prob=0.0)
+
+
+# --- the oracle writer, without a game --------------------------------------------------
+
+
+def test_oracle_writer_reads_the_episode():
+    rng = np.random.default_rng(0)
+    memory = Memory.from_task("put some tomato on microwave.")
+    assert (memory.task, memory.target, memory.destination) == ("put some tomato on microwave", "tomato", "microwave")
+    start = oracle_reflection(memory, "look", None, rng)
+    assert "put some tomato on microwave" in start and "just started" in start
+
+    revealed = memory.update("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see "
+                                                   "a fork 2, a tomato 1, and a tomato 3.")
+    assert revealed == ["tomato 1", "tomato 3"] and memory.location == "countertop 1"
+    last = LastStep("go to countertop 1", "...", was_expert=False, revealed=revealed)
+    text = oracle_reflection(memory, "take tomato 1 from countertop 1", last, rng)
+    assert "was not planned but showed me tomato 1 and tomato 3" in text
+    assert "pick it up" in text or "take it" in text
+
+    memory.update("go to fridge 1", "You arrive at fridge 1. The fridge 1 is closed.")
+    back = oracle_reflection(memory, "go to countertop 1", LastStep("go to fridge 1", "", False, []), rng)
+    assert "tomato 1" in back.lower() and "countertop 1" in back and "go to countertop 1" not in back
+
+    memory.update("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a tomato 1.")
+    memory.update("take tomato 1 from countertop 1", "You pick up the tomato 1 from the countertop 1.")
+    memory.update("go to microwave 1", "You arrive at microwave 1. The microwave 1 is closed.")
+    assert memory.holding == "tomato 1" and memory.location == "microwave 1"
+    text = oracle_reflection(memory, "open microwave 1", LastStep("go to microwave 1", "", True, []), rng)
+    assert "I am at microwave 1 holding tomato 1" in text and "closed, so I should open it" in text
+    assert text.count(".") == 2 and text.endswith(".")
+
+    nothing = oracle_reflection(memory, "open microwave 1", LastStep("use microwave 1", "Nothing happens.", False, []),
+                                rng)
+    assert "using microwave 1 did nothing" in nothing
+
+
+# --- rollouts on the fixture game -------------------------------------------------------
+
+
+def test_random_prob_zero_follows_the_expert_to_a_win(expert_run):
+    out, records = expert_run
+    episodes = _episodes(records)
+    assert sorted(episodes) == [0, 1, 2]
+    for episode in episodes.values():
+        assert [r["step"] for r in episode] == list(range(len(episode)))
+        assert episode[-1]["command"] == WIN
+        for record, following in zip(episode, episode[1:]):
+            assert _taken(following["state"]) == record["command"]  # the expert's command was played
+        assert "just started" in episode[0]["reflection"]
+        assert not any("detour" in r["reflection"] or "did not" in r["reflection"] for r in episode)
+    for record in records:
+        assert set(record) == {"state", "reflection", "action", "command", "model", "episode", "step", "problem"}
+        assert record["model"] == "oracle" and record["problem"] == f"train/{FAMILY}-1/trial_handmade"
+        assert f"{record['action']}. {record['command']}\n" in record["state"]
+        text = record["reflection"]
+        assert "tomato" in text and "microwave" in text  # the task
+        assert len(re.findall(r"[.!?](?:\s|$)", text)) <= 2 and text.endswith(".")
+    # Replaying episode 0 with its seed gives the same states and ends in a win.
+    env = ALFWorldEnv(problems=[FIXTURE])
+    obs, info = env.reset(seed=rng_seed(item_rng(ScriptArguments().seed, "alfworld", 0)))
+    for record in episodes[0]:
+        assert obs == record["state"] and info["oracle_label"] == record["action"]
+        obs, reward, terminated, truncated, info = env.step(record["action"])
+    assert terminated and info["success"] and reward == 1.0
+    env.close()
+
+
+def test_random_prob_one_still_labels_the_expert(root, tmp_path):
+    records = _run(root, tmp_path, random_prob=1.0, num_episodes=2, horizon=10)
+    assert len(records) >= 10
+    off_plan = 0
+    for episode in _episodes(records).values():
+        for record, following in zip(episode, episode[1:]):
+            off_plan += _taken(following["state"]) != record["command"]
+    assert off_plan >= 5
+    for record in records:
+        assert f"{record['action']}. {record['command']}\n" in record["state"]
+        assert "tomato" in record["reflection"]
+    assert any("detour" in r["reflection"] or "did not" in r["reflection"] for r in records)
+
+
+def test_states_without_an_expert_command_are_skipped_and_counted(root, tmp_path, monkeypatch, capsys):
+    expert = ALFWorldEnv._oracle_index
+    monkeypatch.setattr(ALFWorldEnv, "_oracle_index", lambda env: None if env.steps % 2 else expert(env))
+    records = _run(root, tmp_path, num_episodes=1, horizon=6)
+    assert [r["step"] for r in records] == [0, 2, 4]
+    assert "skipped states (no expert command): 3," in capsys.readouterr().out
+
+
+def test_interrupted_run_resumes_to_the_same_output(root, tmp_path, monkeypatch):
+    whole = _run(root, tmp_path / "whole", num_episodes=4, horizon=6)
+    calls = {"n": 0}
+    real = reflection.rollout
+
+    def failing(args, client, env, index):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise LLMError("simulated outage")
+        return real(args, client, env, index)
+
+    monkeypatch.setattr(reflection, "rollout", failing)
+    args = _args(root, tmp_path / "part", num_episodes=4, horizon=6)
+    assert reflection.main(args) == 1
+    assert len(Journal(tmp_path / "part", journal_name(args)).done) == 2
+    assert not (tmp_path / "part" / "data_reflection.json").exists()
+    monkeypatch.setattr(reflection, "rollout", real)
+    assert _run(root, tmp_path / "part", num_episodes=4, horizon=6) == whole
+
+
+def test_missing_data_root_names_the_flag_and_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    args = ScriptArguments(model_name="tiny-gpt2", api="oracle", output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"--alfworld_data.*ALFWORLD_DATA"):
+        reflection.main(args)
+
+
+# --- the API backend ------------------------------------------------------------------------
+
+
+def test_api_backend_writes_the_model_answer(root, tmp_path):
+    with OpenAIServer(lambda body: (200, "  The tomato is not found yet.\nKeep looking. ")) as server:
+        args = _args(root, tmp_path, api="local", base_url=server.url, model="local-llm", num_episodes=1,
+                     horizon=4, random_prob=1.0)
+        assert reflection.main(args) == 0
+        prompts = [request["body"]["messages"][1]["content"] for request in server.requests]
+    records = json.loads((tmp_path / "data_reflection.json").read_text())
+    assert len(records) == len(prompts) == 4
+    for record, prompt in zip(records, prompts):
+        assert record["reflection"] == "The tomato is not found yet. Keep looking." and record["model"] == "local-llm"
+        assert prompt.startswith(record["state"]) and "Your task is to: put" in prompt
+        assert f'Spoiler, for you only: the best next command is "{record["command"]}"' in prompt
+    # The writer does not change the trajectories: the oracle's run visits the same states.
+    oracle = _run(root, tmp_path / "oracle", num_episodes=1, horizon=4, random_prob=1.0)
+    assert [(r["state"], r["action"]) for r in oracle] == [(r["state"], r["action"]) for r in records]
+
+
+def test_auth_failure_stops_with_a_clear_message(root, tmp_path, capsys):
+    with OpenAIServer(lambda body: (401, "no")) as server:
+        args = _args(root, tmp_path, api="local", base_url=server.url, num_episodes=2)
+        assert reflection.main(args) == 1
+    assert "authentication failed" in capsys.readouterr().err
+    assert not (tmp_path / "data_reflection.json").exists()
+
+
+# --- SFT texts --------------------------------------------------------------------------
+
+
+def test_gen_sft_texts_match_the_rollout_prompts(expert_run, tmp_path):
+    out, records = expert_run
+    args = ScriptArguments(model_name="tiny-gpt2", task_file=str(out / "data_reflection.json"),
+                           output_dir=str(tmp_path))
+    assert gen_sft.main(args) == 0
+    lines = {name: [json.loads(x)["text"] for x in (tmp_path / name).read_text().splitlines()]
+             for name in ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")}
+    assert all(len(texts) == len(records) for texts in lines.values())
+    for record, plain, reflect, policy in zip(records, *lines.values()):
+        assert plain == policy_prompt(record["state"], HEAD) + record["action"]
+        assert policy == policy_prompt(record["state"], HEAD, record["reflection"]) + record["action"]
+        prompt = reflection_prompt(record["state"], HEAD, ALFWorldEnv.analyze_instruction)
+        assert reflect.startswith(prompt) and completion_start(reflect) == len(prompt)
+        assert reflect == prompt + record["reflection"] + "\n"
+        assert policy.endswith(ACTION_MARKER + record["action"])
+
+
+def test_gen_sft_missing_input_is_named(tmp_path):
+    with pytest.raises(ValueError, match="nothing.json"):
+        gen_sft.main(ScriptArguments(model_name="tiny-gpt2", task_file=str(tmp_path / "nothing.json")))
+
+
+# --- the real tomato→microwave family ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_family_oracle_run(tmp_path, capsys):
+    records = _run(TOMATO, tmp_path, num_episodes=2)
+    assert "[alfworld.reflection] episodes: 2," in capsys.readouterr().out
+    assert {r["episode"] for r in records} == {0, 1} and len(records) >= 10
+    assert not (tmp_path / "alfworld_blocklist.txt").exists()
+    for record in records:
+        assert record["problem"].startswith(f"train/{FAMILY}-") and record["model"] == "oracle"
+        assert f"{record['action']}. {record['command']}\n" in record["state"]
+        assert "tomato" in record["reflection"] and record["reflection"].count(".") <= 2
+
+
+def test_data_folder_untouched(data_before):
+    """Runs last: nothing above may have written into the shared data."""
+    assert _snapshot(DATA) == data_before
