@@ -223,7 +223,8 @@ class ScriptArguments:
     policy: Literal["oracle", "random", "human"] = _arg(
         "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).", EVAL
     )
-    runs: int = _arg(1, "Episodes to play (envs.play, evaluation.evaluate_gpt).", EVAL)
+    runs: int = _arg(1, "Episodes to play (envs.play), or per level (evaluation.evaluate_gpt).", EVAL)
+    scenario: str | None = _arg(None, "evaluation.evaluate_gpt: the environment, taxi or alfworld.", EVAL)
     eval_load_list: str | None = _arg(
         None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.", EVAL
     )
@@ -234,6 +235,10 @@ class ScriptArguments:
     )
     save_steps: int = _arg(100, "Checkpoint every this many SFT steps or RL iterations.", LOGGING)
     logging_steps: int = _arg(10, "SFT: log the loss every this many steps.", LOGGING)
+    expdirs: list[str] | None = _arg(
+        None, "visualization.plot: run directories to plot (NAME=DIR sets the legend label).", LOGGING
+    )
+    output_file: str | None = _arg(None, "Where a script writes its single output file (plot PNG ...).", LOGGING)
     config: str | None = _arg(
         None, "YAML file of flag values; explicit command-line flags override it.", LOGGING
     )

@@ -24,7 +24,7 @@ from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_token_ids
 logger = logging.getLogger(__name__)
 
 NAME = "tiny-gpt2"
-BUILD_VERSION = 2
+BUILD_VERSION = 4
 VOCAB_SIZE = 4096
 MODEL_CONFIG = {"n_positions": 2048, "n_embd": 128, "n_layer": 4, "n_head": 4}
 INIT_SEED = 0
@@ -52,6 +52,11 @@ The actions you can take now is:
 The taxi is at row 2, column 3. The passenger is at R and wants to go to G.
 The passenger is in the taxi. The last move was good. Next, the taxi should move north to reach the passenger.
 That move was a mistake: it took the taxi away from the destination, so it should go back west.
+Taxi at row 2, column 3; passenger at Y (row 4, column 0), going to R. First move; now head south to reach the passenger.
+Taxi at row 0, column 1 with the passenger, going to G (row 0, column 4). Last move was good; now head east.
+Taxi at row 4, column 3; passenger at B (row 4, column 3), going to G. Last move was a detour; now pick up here.
+Taxi at row 1, column 4; passenger at R (row 0, column 0), going to Y. Now head west; now head north; drop off here
+to reach the destination; to finish the ride; to start the ride.
 """
 
 _AUTO_EXPLORE = """\

@@ -119,8 +119,10 @@ def load_model_and_tokenizer(
     """Load a causal LM and its tokenizer: THE loader of every script.
 
     * ``model_name``: hub id, local directory or ``tiny-gpt2`` (default ``args.model_name``).
-    * ``adapter_dir``: a peft adapter to load; trainable or frozen as ``trainable`` says.
-      Without it, a trainable model gets a new LoRA adapter (``args.use_peft``).
+    * ``adapter_dir``: a checkpoint to start from, trainable or frozen as ``trainable`` says:
+      a peft adapter (``adapter_config.json``), or a whole model saved by a run with
+      ``--no_use_peft`` (``config.json``). Without one, a trainable model gets a new LoRA
+      adapter (``args.use_peft``) or trains all its weights (``--no_use_peft``).
     * quantisation (``args.load_in_8bit``/``load_in_4bit``, CUDA only) and precision from ``args``.
     * the tokenizer pads on the left with EOS; every choice label must be one token.
     * ``shrink_head``: replace the LM head by the frozen label head (:func:`shrink_lm_head`).
@@ -143,7 +145,8 @@ def load_model_and_tokenizer(
             bnb_4bit_compute_dtype=compute_dtype(args),
         )
         kwargs["device_map"] = {"": device()}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    whole_model = adapter_dir is not None and _is_whole_model(adapter_dir)
+    model = AutoModelForCausalLM.from_pretrained(adapter_dir if whole_model else path, **kwargs)
     if not quantized:
         model.to(device())
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -153,12 +156,13 @@ def load_model_and_tokenizer(
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
 
-    if adapter_dir is not None:
+    if adapter_dir is not None and not whole_model:
         if not (Path(adapter_dir) / "adapter_config.json").is_file():
-            raise ValueError(f"{adapter_dir!r} is not an adapter directory (no adapter_config.json)")
+            raise ValueError(f"{adapter_dir!r} is neither an adapter directory (adapter_config.json) nor a "
+                             "saved model (config.json)")
         with _quiet_peft():
             model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
-    elif trainable and args.use_peft:
+    elif trainable and args.use_peft and not whole_model:
         config = LoraConfig(
             r=args.peft_lora_r,
             lora_alpha=args.peft_lora_alpha,
@@ -176,6 +180,11 @@ def load_model_and_tokenizer(
     if shrink_head:
         shrink_lm_head(model, label_token_ids(tokenizer))
     return model, tokenizer
+
+
+def _is_whole_model(directory: str) -> bool:
+    files = Path(directory)
+    return (files / "config.json").is_file() and not (files / "adapter_config.json").is_file()
 
 
 @contextlib.contextmanager
@@ -228,6 +237,12 @@ def shrink_lm_head(model: nn.Module, token_ids: list[int]) -> LabelHead:
     head = base.get_output_embeddings()
     if isinstance(head, LabelHead):
         return head
+    if head.weight.requires_grad:
+        # Training all weights (--no_use_peft): the head rows are a frozen copy, so the
+        # embedding matrix tied to them must stay frozen too, or a saved and reloaded
+        # model would no longer score labels as it did in training.
+        head.weight.requires_grad_(False)
+        logger.info("label head: the output/embedding matrix is frozen; the other weights train")
     label_head = LabelHead(head, token_ids)
     base.set_output_embeddings(label_head)
     return label_head
@@ -375,6 +390,7 @@ class MetricLogger:
     FILE = "metrics.jsonl"
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = Path(run_dir) / self.FILE
         self._writer = None
         if tensorboard:

@@ -41,8 +41,8 @@ def test_random_prob_zero_follows_the_oracle_to_success(make_args, tmp_path):
     assert len(by_episode) == 6
     for episode in by_episode.values():
         assert [r["step"] for r in episode] == list(range(len(episode)))
-        assert "first move" in episode[0]["reflection"]
-        assert all("good one" in r["reflection"] or "closer" in r["reflection"] for r in episode[1:])
+        assert "First move" in episode[0]["reflection"]
+        assert all("Last move was good" in r["reflection"] for r in episode[1:])
 
 
 def test_interrupted_run_resumes_to_the_same_output(make_args, tmp_path, monkeypatch):

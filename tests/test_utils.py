@@ -84,7 +84,7 @@ def test_frozen_base_model_without_adapter(make_args):
 
 
 def test_not_an_adapter_dir_is_named(make_args, tmp_path):
-    with pytest.raises(ValueError, match="not an adapter directory"):
+    with pytest.raises(ValueError, match="neither an adapter directory"):
         utils.load_model_and_tokenizer(make_args(), adapter_dir=str(tmp_path))
 
 
@@ -163,3 +163,27 @@ def test_metric_logger_writes_jsonl_and_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [e.value for e in events.Scalars("success")] == [0.5, 0.75]
+
+
+def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path):
+    """--no_use_peft trains every weight; the label head keeps the tied matrix frozen so a
+    saved and reloaded model scores labels exactly as in training."""
+    args = make_args(use_peft=False)
+    model, tokenizer = utils.load_model_and_tokenizer(args, shrink_head=True)
+    trainable, total = utils.count_parameters(model)
+    embedding = model.get_input_embeddings().weight
+    assert not embedding.requires_grad and trainable == total - embedding.numel()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.eval()
+    batch = _batch(tokenizer)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(**batch).logits[:, -1, 0].sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    checkpoint = utils.save_checkpoint(tmp_path / "ckpt", model=model, tokenizer=tokenizer, args=args, step=3)
+    assert (checkpoint / "config.json").is_file() and not (checkpoint / "adapter_config.json").exists()
+    again, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=False, shrink_head=True)
+    with torch.no_grad():
+        torch.testing.assert_close(again(**batch).logits, expected)

@@ -35,38 +35,37 @@ reason about the map so that the driver can find it."""
 
 _GOALS = {
     "Move south": "head south", "Move north": "head north", "Move east": "head east", "Move west": "head west",
-    "Pickup passenger": "pick the passenger up right here", "Drop off passenger": "drop the passenger off right here",
+    "Pickup passenger": "pick up here", "Drop off passenger": "drop off here",
 }
 
 
-def oracle_reflection(env: DangerousTaxiEnv, best: str, last_move_good: bool | None, rng) -> str:
-    """Two sentences from what the environment knows: the positions and the BFS plan."""
+def oracle_reflection(env: DangerousTaxiEnv, best: str, last_move_good: bool | None) -> str:
+    """Two short sentences from what the environment knows: the positions and the BFS plan.
+
+    Deterministic and compact on purpose: every word a small reflection model must learn
+    to write costs training and generation time, and carries no information if random.
+    """
     where = env.positions()
     row, col = where["taxi"]
     destination = where["destination"]
-    dest_cell = where["depot_cells"][destination]
+    dest_row, dest_col = where["depot_cells"][destination]
     if where["passenger"] is None:
-        facts = (f"The taxi is at row {row}, column {col} with the passenger inside, and the destination "
-                 f"{destination} is at row {dest_cell[0]}, column {dest_cell[1]}.")
+        facts = (f"Taxi at row {row}, column {col} with the passenger, going to {destination} "
+                 f"(row {dest_row}, column {dest_col}).")
         purpose = "to reach the destination" if best.startswith("Move") else "to finish the ride"
     else:
-        pass_cell = where["depot_cells"][where["passenger"]]
-        facts = (f"The taxi is at row {row}, column {col}; the passenger waits at {where['passenger']} "
-                 f"(row {pass_cell[0]}, column {pass_cell[1]}) and wants to go to {destination}.")
+        pass_row, pass_col = where["depot_cells"][where["passenger"]]
+        facts = (f"Taxi at row {row}, column {col}; passenger at {where['passenger']} "
+                 f"(row {pass_row}, column {pass_col}), going to {destination}.")
         purpose = "to reach the passenger" if best.startswith("Move") else "to start the ride"
-    if last_move_good is None:
-        verdict = "This is the first move"
-    elif last_move_good:
-        verdict = ["The last move was a good one", "The last move brought the taxi closer"][int(rng.integers(2))]
-    else:
-        verdict = ["The last move was a detour", "The last move did not help"][int(rng.integers(2))]
-    return f"{facts} {verdict}; now the taxi should {_GOALS[best]} {purpose}."
+    verdict = {None: "First move", True: "Last move was good", False: "Last move was a detour"}[last_move_good]
+    return f"{facts} {verdict}; now {_GOALS[best]} {purpose}."
 
 
 def write_reflection(client, env: DangerousTaxiEnv, observation: str, best: str,
-                     last_move_good: bool | None, rng) -> str:
+                     last_move_good: bool | None) -> str:
     if client is None:
-        return oracle_reflection(env, best, last_move_good, rng)
+        return oracle_reflection(env, best, last_move_good)
     messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": PROMPT.format(observation=observation, best=best)}]
     return " ".join(client.complete(messages, temperature=0.7, max_tokens=120).split())
@@ -83,7 +82,7 @@ def rollout(args, client, index: int) -> list[dict]:
     while True:
         best_label = info["oracle_label"]
         best = info["actions"][info["labels"].index(best_label)]
-        reflection = write_reflection(client, env, observation, best, last_move_good, rng)
+        reflection = write_reflection(client, env, observation, best, last_move_good)
         records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
                         "model": model_name(args), "episode": index, "step": env.steps,
                         "curriculum": env.stage})

@@ -1,0 +1,92 @@
+"""Single-prompt action enumeration vs SayCan-style scoring of every action's text.
+
+    python -m benchmarks.enumeration [--model_name tiny-gpt2] [--runs 5]
+
+For AutoExplore states with |A| in {6, 20, 50, 100} listed actions (real observations
+of a generated repository), one decision costs:
+
+* enumeration (the paper): one forward pass over state + numbered list, read the label logits;
+* SayCan, uncached: one forward pass over state + action for every action;
+* SayCan with the state's KV cache shared across the actions: state once, then all actions.
+
+Printed: median milliseconds per decision, tokens through the model, and the SayCan /
+enumeration ratios, all measured side by side in this run.
+"""
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import utils
+from envs import make_env
+from experiment_args import parse_args
+from prompts import ACTION_MARKER, policy_prompt, split_observation
+from rollout import LABEL_INDEX, PolicyScorer, SayCanScorer
+
+SIZES = (6, 20, 50, 100)
+
+
+def observation(size: int, root: Path) -> tuple[str, list[str], object]:
+    """An AutoExplore observation at a repo root with ``size`` actions (cat + id per file)."""
+    repo = root / f"repo{size}"
+    repo.mkdir()
+    for i in range(size // 2):
+        (repo / f"module_{i:03d}.py").write_text(f"def function_{i}():\n    return {i}\n")
+    env = make_env("auto_explore")
+    task = {"question": "Which file defines function_0?", "filename": "module_000.py", "root": str(repo)}
+    obs, info = env.reset(seed=0, options={"task": task})
+    return obs, info, env
+
+
+def timed(work, runs: int) -> float:
+    work()  # warm-up
+    samples = []
+    for _ in range(runs):
+        tic = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - tic)
+    return 1000 * statistics.median(samples)
+
+
+def main(args) -> int:
+    runs = max(args.runs, 3)
+    torch.set_grad_enabled(False)
+    model, tokenizer = utils.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
+    enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for size in SIZES:
+            obs, info, env = observation(size, Path(scratch))
+            prompt = policy_prompt(obs, env.action_head)
+            valid = [LABEL_INDEX[label] for label in info["labels"]]
+            state = split_observation(obs, env.action_head)[0] + ACTION_MARKER
+            actions = info["actions"]
+            enum_ms = timed(lambda p=prompt, v=valid: enumeration.logprobs([p], [v]), runs)
+            enum_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            row = {"actions": len(actions), "enumeration": (enum_ms, enum_tokens)}
+            with utils.full_head(model):  # SayCan scores action text over the whole vocabulary
+                for name, cache in (("saycan", False), ("saycan_cached", True)):
+                    scorer = SayCanScorer(model, tokenizer, cache=cache)
+                    ms = timed(lambda s=scorer, st=state, a=actions: s.scores(st, a), runs)
+                    row[name] = (ms, scorer.tokens // (runs + 1))
+            rows.append(row)
+            env.close()
+    print(f"\nmodel {args.model_name}; median of {runs} decisions; tokens = tokens through the model per decision\n")
+    print("| actions | enumeration ms | tokens | SayCan ms | tokens | x enum | SayCan+KV cache ms | tokens | x enum |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        enum_ms, enum_tokens = row["enumeration"]
+        cells = [str(row["actions"]), f"{enum_ms:.1f}", str(enum_tokens)]
+        for name in ("saycan", "saycan_cached"):
+            ms, tokens = row[name]
+            cells += [f"{ms:.1f}", str(tokens), f"{ms / enum_ms:.1f}"]
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(["--model_name=tiny-gpt2", *sys.argv[1:]], prog="python -m benchmarks.enumeration")))

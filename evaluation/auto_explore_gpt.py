@@ -1,0 +1,23 @@
+"""Evaluate an API model on AutoExplore.
+
+    python -m evaluation.auto_explore_gpt --task_file=data/auto_explore/tasks_filtered/test.json --eval_reps=10
+
+Every task of ``--task_file`` is played ``--eval_reps`` times (the same seeds as
+``evaluation.evaluate``) by the model behind ``--api``/``--model``/``--base_url``, with
+a detailed instruction. Prints and saves success rate and average cost per target depth,
+and the count of unusable answers, in ``results/<id>_auto_explore_gpt/``.
+"""
+
+import sys
+
+from evaluation.gpt_common import run_gpt_evaluation
+from experiment_args import parse_args
+
+
+def main(args) -> int:
+    args.env = "auto_explore"
+    return run_gpt_evaluation(args, "auto_explore_gpt")
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(prog="python -m evaluation.auto_explore_gpt")))

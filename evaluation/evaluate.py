@@ -1,0 +1,159 @@
+"""Evaluate several configurations of one environment in one run.
+
+    python -m evaluation.evaluate --env=taxi --eval_load_list=configs.yaml --eval_reps=64
+
+Configurations come from ``EVAL_LOAD_LIST`` in :func:`main` (edit it, as the paper's
+users do), or from ``--eval_load_list FILE.yaml`` (a list of ``{env, load_dir,
+reflect_load_dir, name}``); if both are empty, the command line's ``--load_dir`` and
+``--reflect_load_dir`` make the one configuration. A ``load_dir`` of null evaluates the
+base model with a fresh (untrained) LoRA.
+
+Every configuration plays the same test episodes through the rollout used in RL
+(``rollout.py``), with the same seeds and sampling randomness:
+
+* Taxi: ``--eval_reps`` held-out seeds per curriculum level (pickup, dropoff, full;
+  ``--curriculum_index`` picks one);
+* AutoExplore: every task of ``--task_file`` (a test split), ``--eval_reps`` times, by depth;
+* ALFWorld: every problem of the ``valid`` splits, ``--eval_reps`` times.
+
+Success rate and average cost per level, with the number of episodes behind each figure,
+are printed and saved as ``results.json`` and ``results.md`` in
+``results/<id>_evaluate/``.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+from tqdm.auto import tqdm
+
+import utils
+from envs import env_kwargs, make_env
+from envs.curriculum import load_auto_explore_tasks, task_depth
+from envs.taxi import CURRICULA as TAXI_LEVELS
+from experiment_args import parse_args
+from rollout import EpisodeStart, TwoPlayerRollout
+
+SCRIPT = "evaluate"
+HELD_OUT_SEED = 10**9  # evaluation seeds start here; training draws its seeds at random
+
+
+def test_episodes(args, env) -> list[EpisodeStart]:
+    """The fixed test episodes of ``args.env``, each labelled with its level."""
+    if args.env == "taxi":
+        levels = TAXI_LEVELS if args.curriculum_index is None else (TAXI_LEVELS[args.curriculum_index],)
+        return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"curriculum": level}, level=level)
+                for level in levels for i in range(args.eval_reps)]
+    if args.env == "auto_explore":
+        tasks = load_auto_explore_tasks(args.task_file)
+        return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"task": task}, level=f"depth {task_depth(task)}")
+                for task in tasks for i in range(args.eval_reps)]
+    return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"problem": str(problem)}, level=Path(problem).parent.name)
+            for problem in env.problems for i in range(args.eval_reps)]
+
+
+def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
+    configs = list(eval_load_list)
+    if args.eval_load_list:
+        path = Path(args.eval_load_list)
+        if not path.is_file():
+            raise ValueError(f"--eval_load_list: no such file {args.eval_load_list!r}")
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        if not isinstance(loaded, list) or not all(isinstance(c, dict) for c in loaded):
+            raise ValueError(f"--eval_load_list: {path} must hold a list of {{env, load_dir, reflect_load_dir}}")
+        configs += loaded
+    if not configs:
+        configs = [{"env": args.env, "load_dir": args.load_dir, "reflect_load_dir": args.reflect_load_dir}]
+    for number, config in enumerate(configs, 1):
+        unknown = set(config) - {"env", "load_dir", "reflect_load_dir", "name"}
+        if unknown:
+            raise ValueError(f"evaluation configuration {number} has unknown keys {sorted(unknown)}")
+        if config.get("env", args.env) != args.env:
+            raise ValueError(f"evaluation configuration {number} is for env {config['env']!r}, "
+                             f"but this run evaluates --env={args.env}")
+        config.setdefault("name", config.get("load_dir") or "base model")
+    return configs
+
+
+def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> list:
+    policy, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=config.get("load_dir"), trainable=False,
+                                                       shrink_head=args.shrink_head)
+    reflector, reflect_tokenizer = None, None
+    if config.get("reflect_load_dir"):
+        reflector, reflect_tokenizer = utils.load_model_and_tokenizer(
+            args, model_name=args.reflect_model_name, adapter_dir=config["reflect_load_dir"], trainable=False)
+    rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
+                               reflect_prob=args.reflect_prob, temperature=args.temperature,
+                               max_seq_length=args.max_seq_length, reflect_max_new_tokens=args.reflect_max_new_tokens)
+    rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
+    episodes = []
+    batch = len(envs)
+    for first in tqdm(range(0, len(starts), batch), desc=f"eval {config['name']}", unit="batch"):
+        chunk = starts[first:first + batch]
+        episodes += rollout.run(envs[:len(chunk)], chunk, rng)
+    return episodes
+
+
+def summarise(episodes) -> dict:
+    levels: dict[str, list] = {}
+    for episode in episodes:
+        levels.setdefault(episode.level, []).append(episode)
+    summary = {level: {"success": float(np.mean([e.success for e in group])),
+                       "cost": float(np.mean([e.cost for e in group])),
+                       "episodes": len(group),
+                       "steps": float(np.mean([len(e.decisions) for e in group]))}
+               for level, group in sorted(levels.items())}
+    summary["all"] = {"success": float(np.mean([e.success for e in episodes])),
+                      "cost": float(np.mean([e.cost for e in episodes])), "episodes": len(episodes),
+                      "steps": float(np.mean([len(e.decisions) for e in episodes]))}
+    return summary
+
+
+def markdown_table(results: list[dict]) -> str:
+    levels = [level for level in results[0]["levels"] if level != "all"] + ["all"]
+    header = "| configuration | " + " | ".join(f"{level}: success (n) | {level}: cost" for level in levels) + " |"
+    rule = "|---|" + "---:|---:|" * len(levels)
+    rows = []
+    for result in results:
+        cells = []
+        for level in levels:
+            figure = result["levels"][level]
+            cells += [f"{100 * figure['success']:.1f}% ({figure['episodes']})", f"{figure['cost']:.3f}"]
+        rows.append(f"| {result['name']} | " + " | ".join(cells) + " |")
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+def run(args, eval_load_list: list[dict]) -> tuple[Path, list[dict]]:
+    configs = load_configs(args, eval_load_list)
+    run_dir = utils.make_run_dir(args, SCRIPT)
+    envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
+            for _ in range(args.per_device_eval_batch_size)]
+    try:
+        starts = test_episodes(args, envs[0])
+        results = []
+        for config in configs:
+            summary = summarise(evaluate_config(args, config, envs, starts))
+            results.append({**config, "levels": summary})
+    finally:
+        for env in envs:
+            env.close()
+    table = markdown_table(results)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "results.md").write_text(f"# Evaluation on {args.env}\n\n{table}", encoding="utf-8")
+    print(f"\n[evaluate] {args.env}: {len(starts)} episodes per configuration; saved in {run_dir}\n\n{table}")
+    return run_dir, results
+
+
+def main(args) -> int:
+    # Edit this list to evaluate several configurations in one run, e.g.
+    # {"env": "taxi", "load_dir": "results/12_rl_finetune/checkpoint-100",
+    #  "reflect_load_dir": "results/10_supervised_pretrain/checkpoint-500", "name": "Reflect-RL"}
+    EVAL_LOAD_LIST: list[dict] = []  # noqa: N806 - the name the paper's users edit
+    run(args, EVAL_LOAD_LIST)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args(prog="python -m evaluation.evaluate")))

@@ -1,0 +1,31 @@
+"""What the two API-model evaluations share: episodes, play, summary, files."""
+
+import json
+
+import utils
+from data_gen.llm import make_client
+from envs import env_kwargs, make_env
+from evaluation.evaluate import markdown_table, summarise, test_episodes
+from evaluation.gpt_agent import play
+
+
+def run_gpt_evaluation(args, script: str) -> int:
+    if args.api == "oracle":
+        raise ValueError("--api: evaluating a model needs --api openai, azure or local (oracle is a data writer)")
+    client = make_client(args)
+    run_dir = utils.make_run_dir(args, script)
+    env = make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
+    try:
+        starts = test_episodes(args, env)
+        episodes, answers, unusable = play(client, env, args.env, starts, temperature=0.0)
+    finally:
+        env.close()
+    name = f"{args.api}:{args.model}"
+    results = [{"name": name, "levels": summarise(episodes), "answers": answers, "unusable_answers": unusable}]
+    table = markdown_table(results)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "results.md").write_text(f"# {name} on {args.env}\n\n{table}\nunusable answers: {unusable} of "
+                                        f"{answers}\n", encoding="utf-8")
+    print(f"\n[{script}] {name} on {args.env}: {len(episodes)} episodes, {unusable} of {answers} answers "
+          f"unusable; saved in {run_dir}\n\n{table}\n{client.usage.summary()}")
+    return 0
