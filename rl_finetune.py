@@ -37,6 +37,20 @@ SCRIPT = "rl_finetune"
 
 # --- setup helpers -------------------------------------------------------------------------------
 
+# Flags a resumed run must share with the run it continues, or it would not continue it.
+RESUME_MUST_MATCH = ("env", "trainer", "model_name", "use_peft", "shrink_head", "per_device_eval_batch_size",
+                     "taxi_curriculum", "depth_curriculum", "merge_first_two", "merge_after_first_k",
+                     "curriculum_index", "baseline", "seed", "task_file", "first_step", "max_steps")
+
+
+def check_resume(args) -> None:
+    saved = utils.load_settings(args.resume_from)
+    different = [f"--{key}={saved.get(key)!r} there, {getattr(args, key)!r} here"
+                 for key in RESUME_MUST_MATCH if saved.get(key) != getattr(args, key)]
+    if different:
+        raise ValueError(f"--resume_from: {args.resume_from} was trained with other settings: " + "; ".join(different))
+
+
 def load_players(args, adapter_dir: str | None):
     """The trainable policy (with the label head if asked) and the frozen reflector (or None)."""
     policy, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=adapter_dir, shrink_head=args.shrink_head)
@@ -200,11 +214,13 @@ def main(args) -> int:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, is_main = accelerator.process_index, accelerator.is_main_process
     utils.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
+    if args.resume_from:
+        check_resume(args)
     adapter_dir = args.resume_from or args.load_dir
     policy, tokenizer, reflector, reflect_tokenizer = load_players(args, adapter_dir)
     critic = None
     if args.baseline == "critic":
-        critic = ValueHead(policy.get_base_model().config.hidden_size).to(utils.device())
+        critic = ValueHead(utils.base_model(policy).config.hidden_size).to(utils.device())
     params = [p for p in policy.parameters() if p.requires_grad] + (list(critic.parameters()) if critic else [])
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     curriculum = curriculum_from_args(args)
@@ -309,6 +325,10 @@ def main(args) -> int:
         print(f"[rl_finetune] done: {run_dir} ({nan_skips} skipped updates)", flush=True)
     for env in envs:
         env.close()
+    # every rank waits for rank 0's last checkpoint, then the process group is torn down cleanly
+    # (a rank that simply exits while gloo still runs aborts with SIGABRT)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     return 0
 
 

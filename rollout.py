@@ -308,11 +308,13 @@ class SayCanScorer:
             out = []
             for ids in action_ids:
                 full = torch.tensor([state_ids + ids], device=device)
-                logp = torch.log_softmax(self.model(full).logits[0, len(state_ids) - 1:-1].float(), -1)
+                logits = self.model(full, attention_mask=torch.ones_like(full)).logits
+                logp = torch.log_softmax(logits[0, len(state_ids) - 1:-1].float(), -1)
                 out.append(logp.gather(1, torch.tensor(ids, device=device).unsqueeze(1)).sum())
                 self.tokens += full.shape[1]
             return torch.stack(out)
-        prefix = self.model(torch.tensor([state_ids], device=device), use_cache=True)
+        state = torch.tensor([state_ids], device=device)
+        prefix = self.model(state, attention_mask=torch.ones_like(state), use_cache=True)
         self.tokens += len(state_ids)
         width = max(map(len, action_ids))
         pad = self.tokenizer.pad_token_id

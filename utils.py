@@ -150,6 +150,7 @@ def load_model_and_tokenizer(
     if not quantized:
         model.to(device())
     model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.loss_type = "ForCausalLM"  # say it, or transformers warns that it guessed
     if trainable and quantized:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
     elif trainable and args.gradient_checkpointing:
@@ -228,12 +229,13 @@ class LabelHead(nn.Module):
         return nn.functional.linear(hidden, self.label_weight.to(hidden.dtype), bias)
 
 
-def _base_model(model: nn.Module) -> nn.Module:
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def shrink_lm_head(model: nn.Module, token_ids: list[int]) -> LabelHead:
-    base = _base_model(model)
+    base = base_model(model)
     head = base.get_output_embeddings()
     if isinstance(head, LabelHead):
         return head
@@ -250,14 +252,14 @@ def shrink_lm_head(model: nn.Module, token_ids: list[int]) -> LabelHead:
 
 def label_head(model: nn.Module) -> LabelHead | None:
     """The model's label head if its head is shrunk, else None."""
-    head = _base_model(model).get_output_embeddings()
+    head = base_model(model).get_output_embeddings()
     return head if isinstance(head, LabelHead) else None
 
 
 @contextlib.contextmanager
 def full_head(model: nn.Module):
     """Temporarily put the full LM head back (for generation, or saving a full model)."""
-    base = _base_model(model)
+    base = base_model(model)
     shrunk = label_head(model)
     if shrunk is None:
         yield model

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,18 @@ class Journal:
         return [self.done[key] for key, _ in items]
 
 
+def journal_name(step: str, model: str, seed: int, *settings: Any) -> str:
+    """The journal of one configuration of a step: changing any setting starts a fresh one."""
+    digest = hashlib.sha256(repr(settings).encode()).hexdigest()[:10]
+    return f"{step}_{re.sub(r'[^A-Za-z0-9_.-]', '_', model)}_{seed}_{digest}"
+
+
 def file_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def print_counts(step: str, counts: dict[str, Any]) -> None:
-    """The summary line every step ends with."""
+def print_counts(step: str, counts: dict[str, Any], client=None) -> None:
+    """The summary line every step ends with (after the LLM usage, when an API was used)."""
+    if client is not None:
+        tqdm.write(client.usage.summary())
     print(f"[{step}] " + ", ".join(f"{name}: {value}" for name, value in counts.items()))

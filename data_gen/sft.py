@@ -34,3 +34,15 @@ def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, suffix: s
         name = name.replace(".jsonl", f"{suffix}.jsonl")
         counts[name] = write_jsonl(Path(out_dir) / name, ({"text": text} for text in texts))
     return counts
+
+
+def gen_sft_main(args, env_cls, default_input: Path, step: str) -> int:
+    """``python -m data_gen.<env>.gen_sft``: the three files next to the reflection data (or in --output_dir)."""
+    from data_gen.common import print_counts, read_json
+
+    task_file = Path(args.task_file or default_input)
+    records = read_json(task_file)
+    out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
+    counts = write_sft_files(records, env_cls, out_dir)
+    print_counts(step, {"records": len(records), **counts, "output": str(out_dir)})
+    return 0

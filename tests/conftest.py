@@ -40,3 +40,9 @@ def tiny_tokenizer(tiny_path):
     import utils
 
     return utils.load_tokenizer("tiny-gpt2")
+
+
+def snapshot(folder: Path) -> dict:
+    """Names, sizes and modification times of everything under ``folder``."""
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*")}

@@ -30,19 +30,15 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 from envs import env_kwargs, make_env  # noqa: E402
 from envs.alfworld import ALFWorldEnv, find_problems, split_names  # noqa: E402
 from prompts import LABELS  # noqa: E402
+from tests.conftest import snapshot  # noqa: E402
 
 FIXTURE_START = ["go to countertop 1", "go to fridge 1", "go to microwave 1", "help", "inventory", "look"]
 PAPER_TASK = "pick_and_place_simple-Tomato-None-Microwave"
 
 
-def _snapshot(folder: Path) -> dict:
-    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
-            for path in folder.rglob("*")}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def data_before():
-    return _snapshot(DATA)
+    return snapshot(DATA)
 
 
 @pytest.fixture(scope="module")
@@ -290,4 +286,4 @@ def test_real_game_oracle_wins():
 
 def test_data_folder_untouched(data_before):
     """Runs last: nothing above may have written into the shared data."""
-    assert _snapshot(DATA) == data_before
+    assert snapshot(DATA) == data_before

@@ -35,20 +35,16 @@ from envs.alfworld import ALFWorldEnv  # noqa: E402
 from envs.base import rng_seed  # noqa: E402
 from experiment_args import ScriptArguments  # noqa: E402
 from prompts import ACTION_MARKER, completion_start, policy_prompt, reflection_prompt  # noqa: E402
+from tests.conftest import snapshot  # noqa: E402
 from tests.openai_server import OpenAIServer  # noqa: E402
 
 HEAD = ALFWorldEnv.action_head
 WIN = "move tomato 1 to microwave 1"
 
 
-def _snapshot(folder: Path) -> dict:
-    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
-            for path in folder.rglob("*")}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def data_before():
-    return _snapshot(DATA)
+    return snapshot(DATA)
 
 
 @pytest.fixture(scope="module")
@@ -275,4 +271,4 @@ def test_real_family_oracle_run(tmp_path, capsys):
 
 def test_data_folder_untouched(data_before):
     """Runs last: nothing above may have written into the shared data."""
-    assert _snapshot(DATA) == data_before
+    assert snapshot(DATA) == data_before

@@ -59,7 +59,7 @@ def test_interrupted_run_resumes_to_the_same_output(make_args, tmp_path, monkeyp
     monkeypatch.setattr(reflection, "rollout", failing)
     args = make_args(api="oracle", num_episodes=6, output_dir=str(tmp_path / "part"))
     assert reflection.main(args) == 1
-    journal = Journal(tmp_path / "part", f"taxi_reflection_oracle_{args.seed}_full")
+    journal = Journal(tmp_path / "part", reflection.journal_name(args))
     assert len(journal.done) == 3
     monkeypatch.setattr(reflection, "rollout", real)
     assert _run(make_args, tmp_path / "part") == whole
@@ -132,3 +132,11 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer)
     episode = rollout.run([env], [EpisodeStart(seed, {}, replay=[recorded])], np.random.default_rng(0))[0]
     assert episode.decisions[0].prompt == policy_text[: -len(first["action"])]
+
+
+def test_a_change_of_settings_starts_a_fresh_journal(make_args):
+    base = reflection.journal_name(make_args(api="oracle"))
+    assert base == reflection.journal_name(make_args(api="oracle"))
+    for change in ({"horizon": 10}, {"random_prob": 0.5}, {"shuffle_action": True}, {"seed": 1},
+                   {"env": "taxi", "taxi_curriculum": True, "curriculum_index": 0}):
+        assert reflection.journal_name(make_args(api="oracle", **change)) != base, change

@@ -22,6 +22,7 @@ def _adapter(checkpoint):
 
 
 @pytest.mark.parametrize("trainer, extra", [("pg", {"baseline": "mean"}), ("pg", {"baseline": "critic"}),
+                                            ("pg", {"baseline": "critic", "use_peft": False}),
                                             ("ppo", {}), ("refuel", {"first_step": False, "horizon": 4})])
 def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     args = make_args(**{**FAST, **extra, "trainer": trainer, "max_steps": 3, "save_steps": 2})
@@ -34,8 +35,9 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     assert records[0]["level"] == "pickup"
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     checkpoint = run / "checkpoint-2"
-    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", utils.SETTINGS_FILE,
-                 utils.TRAINER_STATE_FILE, "episodes.jsonl"):
+    weights = ("adapter_model.safetensors", "adapter_config.json") if extra.get("use_peft", True) else \
+        ("model.safetensors", "config.json")  # --no_use_peft saves the whole model
+    for name in (*weights, "tokenizer.json", utils.SETTINGS_FILE, utils.TRAINER_STATE_FILE, "episodes.jsonl"):
         assert (checkpoint / name).is_file(), name
     episodes = [json.loads(line) for line in (checkpoint / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 * 4 and {e["iteration"] for e in episodes} == {1, 2}
@@ -123,3 +125,11 @@ def test_two_processes_roll_out_different_episodes_and_stay_in_sync(tmp_path):
     episodes = [json.loads(x) for x in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 * 2 * 3 and len({e["seed"] for e in episodes}) == 12
     assert len(utils.read_metrics(run)) == 2
+
+
+def test_resume_with_other_settings_is_refused(make_args, tmp_path):
+    assert rl_finetune.main(make_args(**FAST, max_steps=2, save_steps=1)) == 0
+    (run,) = _runs(tmp_path)
+    with pytest.raises(ValueError, match="--trainer='pg' there, 'ppo' here"):
+        rl_finetune.main(make_args(**FAST, max_steps=2, save_steps=1, trainer="ppo",
+                                   resume_from=str(run / "checkpoint-1")))

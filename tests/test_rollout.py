@@ -168,3 +168,27 @@ def test_greedy_rollout_picks_the_argmax(players):
     with torch.no_grad():
         logp, *_ = scorer.logprobs([episode.decisions[0].prompt], [episode.decisions[0].valid])
     assert episode.decisions[0].action == int(logp.argmax())
+
+
+def test_saycan_scores_with_and_without_the_cache_agree(players):
+    from rollout import SayCanScorer
+
+    policy, tokenizer, *_ = players
+    env = make_env("taxi")
+    obs, info = env.reset(seed=4)
+    state = obs.split(env.action_head)[0] + ACTION_MARKER
+    with utils.full_head(policy):
+        plain, cached = SayCanScorer(policy, tokenizer, cache=False), SayCanScorer(policy, tokenizer, cache=True)
+        uncached_scores = plain.scores(state, info["actions"])
+        cached_scores = cached.scores(state, info["actions"])
+        # by hand, for the first action
+        ids = tokenizer(state + info["actions"][0], add_special_tokens=False)["input_ids"]
+        n_state = len(tokenizer(state, add_special_tokens=False)["input_ids"])
+        with torch.no_grad():
+            logp = torch.log_softmax(policy(torch.tensor([ids])).logits[0], -1)
+        by_hand = sum(float(logp[t - 1, ids[t]]) for t in range(n_state, len(ids)))
+    torch.testing.assert_close(cached_scores, uncached_scores, atol=1e-4, rtol=1e-4)
+    assert float(uncached_scores[0]) == pytest.approx(by_hand, abs=1e-4)
+    action_tokens = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in info["actions"]]
+    assert plain.tokens == sum(n_state + n for n in action_tokens)
+    assert cached.tokens == n_state + sum(action_tokens)

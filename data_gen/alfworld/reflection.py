@@ -22,16 +22,14 @@ Games that fail (engine error, timeout) are recorded by the env in
 the states played before the failure and are counted as engine errors.
 """
 
-import hashlib
 import logging
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
+from data_gen.common import journal_name as common_journal_name
 from data_gen.llm import LLMError, make_client, model_name
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
@@ -335,11 +333,9 @@ def _random_prob(args) -> float:
 
 def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
-    settings = [args.alfworld_task, args.alfworld_split, args.alfworld_expert, _random_prob(args), args.horizon,
-                args.shuffle_action]
-    digest = hashlib.sha256(repr(settings).encode()).hexdigest()[:10]
-    model = re.sub(r"[^A-Za-z0-9_.-]", "_", model_name(args))
-    return f"alfworld_reflection_{model}_{args.seed}_{digest}"
+    return common_journal_name("alfworld_reflection", model_name(args), args.seed, args.alfworld_task,
+                               args.alfworld_split, args.alfworld_expert, _random_prob(args), args.horizon,
+                               args.shuffle_action)
 
 
 def main(args) -> int:
@@ -372,9 +368,7 @@ def main(args) -> int:
               "engine errors": failed, "blocked problems": blocked, "output": str(path)}
     if blocked:
         counts["block list"] = str(env.block_list)
-    if client is not None:
-        tqdm.write(client.usage.summary())
-    print_counts("alfworld.reflection", counts)
+    print_counts("alfworld.reflection", counts, client)
     return 0
 
 

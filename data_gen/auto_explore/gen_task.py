@@ -30,7 +30,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import yaml
-from tqdm.auto import tqdm
 
 from data_gen.auto_explore import TASKS_DIR, depth, filtered_repos_dir, list_repos, run_tag
 from data_gen.common import Journal, file_digest, item_rng, print_counts, write_json
@@ -355,8 +354,6 @@ def main(args) -> int:
         write_json(out_dir / f"{repo}.json", by_repo[repo])
         all_tasks += by_repo[repo]
     write_json(out_dir / "data.json", all_tasks)
-    if client is not None:
-        tqdm.write(client.usage.summary())
     depths = Counter(task["n_level"] for task in all_tasks)
     counts = {"repos": len(repos), "files": len(items), "files with tasks": statuses["ok"]}
     if client is None:
@@ -366,7 +363,7 @@ def main(args) -> int:
     counts["tasks"] = len(all_tasks)
     counts.update({f"depth {d}": n for d, n in sorted(depths.items())})
     counts["output"] = str(out_dir)
-    print_counts("auto_explore.gen_task", counts)
+    print_counts("auto_explore.gen_task", counts, client)
     return 0
 
 

@@ -31,8 +31,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, run_tag, task_key
 from data_gen.common import Journal, item_rng, print_counts, read_json, write_json
 from data_gen.llm import LLMError, make_client, model_name
@@ -256,8 +254,6 @@ def main(args) -> int:
     records = [dict(task, trajectories=result["trajectories"]) for task, result in zip(tasks, results)]
     path = out_dir / OUTPUT_NAME
     write_json(path, records)
-    if client is not None:
-        tqdm.write(client.usage.summary())
     kinds = Counter()
     for record in records:
         for trajectory in record["trajectories"]:
@@ -268,7 +264,7 @@ def main(args) -> int:
                 kinds["negatives"] += 1
     unusable = sum(result["counts"].get("unusable answers", 0) for result in results)
     print_counts("auto_explore.reflection_negative", {"tasks": len(records), **kinds, "unusable answers": unusable,
-                                                      "output": str(path)})
+                                                      "output": str(path)}, client)
     return 0
 
 

@@ -13,9 +13,8 @@ names the direction that the BFS plan takes next.
 
 import sys
 
-from tqdm.auto import tqdm
-
 from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
+from data_gen.common import journal_name as common_journal_name
 from data_gen.llm import LLMError, make_client, model_name
 from envs import make_env
 from envs.base import rng_seed
@@ -93,6 +92,13 @@ def rollout(args, client, index: int) -> list[dict]:
             return records
 
 
+def journal_name(args) -> str:
+    """The journal of one configuration: a change of any setting starts a fresh one."""
+    return common_journal_name("taxi_reflection", model_name(args), args.seed, _curriculum(args), args.horizon,
+                               DEFAULT_RANDOM_PROB if args.random_prob is None else args.random_prob,
+                               args.shuffle_action, args.with_prompt, args.with_history)
+
+
 def _curriculum(args) -> str:
     if args.taxi_curriculum and args.curriculum_index is not None:
         return ("pickup", "dropoff", "full")[args.curriculum_index]
@@ -103,7 +109,7 @@ def main(args) -> int:
     args.env = "taxi"
     out_dir = OUT_DIR if args.output_dir is None else args.output_dir
     client = make_client(args)
-    journal = Journal(out_dir, f"taxi_reflection_{model_name(args)}_{args.seed}_{_curriculum(args)}")
+    journal = Journal(out_dir, journal_name(args))
     items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
     try:
         episodes = journal.run(items, lambda i: rollout(args, client, i), desc="taxi reflections")
@@ -114,9 +120,7 @@ def main(args) -> int:
     path = f"{out_dir}/data_reflection.json"
     write_json(path, records)
     counts = {"episodes": len(episodes), "states": len(records), "output": path}
-    if client is not None:
-        tqdm.write(client.usage.summary())
-    print_counts("taxi.reflection", counts)
+    print_counts("taxi.reflection", counts, client)
     return 0
 
 

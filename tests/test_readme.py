@@ -1,0 +1,130 @@
+"""Every command of the README runs (with small sizes and tiny-gpt2), in README order.
+
+The repository's tracked files are copied into a temporary folder with ``../shared``
+beside it, so the commands' default paths (``data/...``, ``results/...``) stay there.
+Placeholders (``<POLICY_DIR>``, ``<REFLECT_DIR>``, ``<RL_DIR>``, ``<RL_CHECKPOINT>``) take
+the outputs of the commands before them; API models are played by a local
+OpenAI-compatible test server. ``make demo`` and ``make test`` are not run here: CI runs
+the one, ``make demo`` is the other.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SHARED
+from tests.openai_server import OpenAIServer
+
+TINY = ["--model_name=tiny-gpt2"]
+OVERRIDES = {
+    "supervised_pretrain.py": [*TINY, "--max_steps=2", "--save_steps=2", "--logging_steps=1"],
+    "rl_finetune.py": [*TINY, "--max_steps=2", "--save_steps=1", "--per_device_eval_batch_size=2",
+                       "--reflect_max_new_tokens=8", "--horizon=4"],
+    "evaluation.evaluate": [*TINY, "--eval_reps=1", "--per_device_eval_batch_size=4", "--reflect_max_new_tokens=8",
+                            "--horizon=4"],
+    "evaluation.evaluate_gpt": ["--runs=1", "--horizon=3"],
+    "evaluation.auto_explore_gpt": ["--eval_reps=1", "--horizon=3"],
+    "data_gen.taxi.reflection": ["--num_episodes=3"],
+    "data_gen.alfworld.reflection": ["--num_episodes=1", "--horizon=4"],
+    "benchmarks.env_speed": ["--runs=2"],
+    "benchmarks.enumeration": ["--runs=3"],
+    "benchmarks.rollout_throughput": ["--reflect_max_new_tokens=4"],
+    "benchmarks.rl_memory": ["--reflect_max_new_tokens=4"],
+}
+USES_API = ("evaluation.evaluate_gpt", "evaluation.auto_explore_gpt")
+
+
+def readme_commands(text: str) -> list[str]:
+    """The shell lines of the README's ``bash`` blocks, in order (``make`` lines excluded)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith(("#", "make ")):
+                commands.append(line)
+    return commands
+
+
+def test_readme_lists_the_workflow():
+    commands = readme_commands((REPO / "README.md").read_text())
+    text = " ".join(commands)
+    for needle in ("data_gen.auto_explore.gen_sft", "data_gen.taxi.reflection", "data_gen.alfworld.gen_sft",
+                   "supervised_pretrain.py", "--trainer=ppo", "--trainer=refuel", "--resume_from",
+                   "accelerate launch", "evaluation.evaluate ", "evaluation.evaluate_gpt", "evaluation.auto_explore_gpt",
+                   "visualization.plot", "benchmarks.enumeration", "envs.play"):
+        assert needle in text, needle
+    assert all("<" not in c or re.search(r"<[A-Z_]+>", c) for c in commands)
+
+
+def _target(argv: list[str]) -> str:
+    if argv[0] == "-m":
+        return argv[1]
+    return Path(argv[0]).name
+
+
+def _latest(folder: Path, script: str) -> Path:
+    runs = sorted(folder.glob(f"*_{script}"), key=lambda p: int(p.name.split("_")[0]))
+    assert runs, f"no {script} run in {folder}"
+    return runs[-1]
+
+
+def _checkpoints(run: Path) -> list[Path]:
+    return sorted(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+@pytest.mark.slow
+@pytest.mark.alfworld
+@pytest.mark.skipif(not (SHARED / "alfworld").is_dir(), reason="needs ../shared/alfworld")
+def test_every_readme_command_runs(tmp_path):
+    work = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in tracked.splitlines():
+        if (REPO / name).is_file():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, work / name)
+    (tmp_path / "shared").symlink_to(SHARED)
+    env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
+           "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ALFWORLD_DATA", None)
+    results = work / "results"
+    places: dict[str, str] = {}
+    with OpenAIServer(lambda body: (200, "Action: 0")) as server:
+        for command in readme_commands((work / "README.md").read_text()):
+            for name, value in places.items():
+                command = command.replace(f"<{name}>", value)
+            assert not re.search(r"<[A-Z_]+>", command), f"unresolved placeholder in: {command}"
+            words = shlex.split(command)
+            if words[0] == "export":
+                key, _, value = words[1].partition("=")
+                env[key] = str((work / value).resolve()) if value.startswith(".") else value
+                continue
+            local_env = dict(env)
+            while "=" in words[0] and not words[0].startswith("-"):
+                key, _, value = words.pop(0).partition("=")
+                local_env[key] = str((work / value).resolve()) if value.startswith(".") else value
+            if words[:2] == ["accelerate", "launch"]:
+                argv = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision",
+                        "no", "--dynamo_backend", "no", *words[2:]]
+                target = "rl_finetune.py"
+            else:
+                assert words[0] == "python", command
+                argv = [sys.executable, *words[1:]]
+                target = _target(words[1:])
+            argv += OVERRIDES.get(target, [])
+            if target in USES_API or "--api=local" in words:
+                argv += ["--api=local", f"--base_url={server.url}"]
+            result = subprocess.run(argv, cwd=work, env=local_env, capture_output=True, text=True, timeout=900,
+                                    input="")
+            assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+            if target == "supervised_pretrain.py":
+                checkpoint = _checkpoints(_latest(results, "supervised_pretrain"))[-1]
+                places["REFLECT_DIR" if "reflection" in command else "POLICY_DIR"] = str(checkpoint)
+            elif target == "rl_finetune.py":
+                run = _latest(results, "rl_finetune")
+                places["RL_DIR"], places["RL_CHECKPOINT"] = str(run), str(_checkpoints(run)[0])
