@@ -13,6 +13,7 @@ the same commands use LoRA (see the README).
 """
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -145,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def paper_table(results: list[dict]) -> str:
-    lines = ["| model / method | Taxi pickup success | avg cost | episodes |", "|---|---:|---:|---:|"]
+    lines = ["| model / method | Taxi pickup success (± 95% interval) | avg cost | episodes |", "|---|---:|---:|---:|"]
     for result in results:
         figure = result["levels"]["pickup"]
-        lines.append(f"| {result['name']} | {100 * figure['success']:.0f}% | {figure['cost']:.3f} | "
-                     f"{figure['episodes']} |")
+        p, n = figure["success"], figure["episodes"]
+        half = 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")  # normal approximation
+        lines.append(f"| {result['name']} | {100 * p:.1f}% ± {100 * half:.1f} | {figure['cost']:.3f} | {n} |")
     return "\n".join(lines) + "\n"
 
 

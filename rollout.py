@@ -16,6 +16,7 @@ the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 """
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,21 @@ from transformers import GenerationConfig
 import utils
 from envs.base import TextEnv
 from prompts import LABELS, clean_reflection, label_token_ids, policy_prompt, reflection_prompt
+
+
+class _UnpaddedGenerateWarning(logging.Filter):
+    """Drop transformers' "strongly recommend passing in an `attention_mask`" line for our ``generate``.
+
+    We always pass the mask. When a batch needs no padding, ``generate`` drops the all-ones mask
+    itself, and once a row has finished it is filled with the pad (= eos) token, which makes
+    GPT-2 warn although nothing attends to padding.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "passing in an `attention_mask`" not in record.getMessage()
+
+
+logging.getLogger("transformers.modeling_utils").addFilter(_UnpaddedGenerateWarning())
 
 LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
 

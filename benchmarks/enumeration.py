@@ -1,6 +1,6 @@
 """Single-prompt action enumeration vs SayCan-style scoring of every action's text.
 
-    python -m benchmarks.enumeration [--model_name tiny-gpt2] [--runs 5]
+    python -m benchmarks.enumeration [--model_name tiny-gpt2] [--runs 7]
 
 For AutoExplore states with |A| in {6, 20, 50, 100} listed actions (real observations
 of a generated repository), one decision costs:
@@ -53,7 +53,7 @@ def timed(work, runs: int) -> float:
 
 
 def main(args) -> int:
-    runs = max(args.runs, 3)
+    runs = max(args.runs, 7)
     torch.set_grad_enabled(False)
     model, tokenizer = utils.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
     enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)

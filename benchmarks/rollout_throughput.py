@@ -47,6 +47,7 @@ def main(args) -> int:
                                                                   trainable=False)
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                                reflect_max_new_tokens=args.reflect_max_new_tokens)
+    play(rollout, [EpisodeStart(seed=499, options={"curriculum": "full"})], 1)  # warm-up, not timed
     rows = []
     for batch in BATCHES:
         starts = [EpisodeStart(seed=500 + i, options={"curriculum": "full"}) for i in range(batch)]
