@@ -20,7 +20,7 @@ from data_gen.auto_explore import (
 )
 from data_gen.auto_explore.gen_task import candidate_questions, parse_pairs
 from data_gen.auto_explore.reflection_negative import parse_answer, question_topic
-from data_gen.common import Journal
+from data_gen.common import Journal, journal_name
 from data_gen.llm import LLMError
 from envs.auto_explore import AutoExploreEnv, optimal_path, task_targets
 from envs.sandbox import file_kind
@@ -235,7 +235,7 @@ def test_gen_task_resumes_to_the_same_output(chain, tmp_path, monkeypatch):
     monkeypatch.setattr(gen_task, "file_tasks", failing)
     args = make(repo_dir=chain.repos, output_dir=tmp_path)
     assert gen_task.main(args) == 1
-    assert len(Journal(tmp_path, f"gen_task_oracle_seed{SEED}").done) == 3
+    assert len(Journal(tmp_path, journal_name("gen_task", "oracle", SEED)).done) == 3
     assert not (tmp_path / "data.json").exists()
     monkeypatch.setattr(gen_task, "file_tasks", real)
     assert gen_task.main(args) == 0
@@ -328,7 +328,7 @@ def test_reflection_negative_resumes_to_the_same_output(chain, tmp_path, monkeyp
     monkeypatch.setattr(reflection_negative, "task_trajectories", failing)
     args = make(task_file=chain.filtered / "data.json", repo_dir=chain.repos, output_dir=tmp_path)
     assert reflection_negative.main(args) == 1
-    assert len(Journal(tmp_path, f"reflection_negative_oracle_seed{SEED}_h15").done) == 2
+    assert len(Journal(tmp_path, journal_name("reflection_negative", "oracle", SEED, 15)).done) == 2
     monkeypatch.setattr(reflection_negative, "task_trajectories", real)
     assert reflection_negative.main(args) == 0
     assert (tmp_path / "data_reflection_negative.json").read_text() == \

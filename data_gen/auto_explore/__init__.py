@@ -17,11 +17,9 @@ also how the environment resolves it. The record schemas are in ``data/README.md
 
 import hashlib
 import json
-import re
 from pathlib import Path
 
 from data_gen.common import DATA_DIR
-from data_gen.llm import model_name
 from envs.auto_explore import task_targets
 from envs.sandbox import is_safe_name
 
@@ -57,8 +55,3 @@ def task_key(task: dict) -> str:
     """A stable name of a task (repo, question, targets) for journals and per-task seeding."""
     identity = [str(task.get("root")), str(task.get("question", "")).strip(), task_targets(task.get("filename"))]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:20]
-
-
-def run_tag(args) -> str:
-    """Journal names carry the writer and the seed, so changing either starts fresh work."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", model_name(args)) + f"_seed{args.seed}"

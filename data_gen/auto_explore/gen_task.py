@@ -31,8 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from data_gen.auto_explore import TASKS_DIR, depth, filtered_repos_dir, list_repos, run_tag
-from data_gen.common import Journal, file_digest, item_rng, print_counts, write_json
+from data_gen.auto_explore import TASKS_DIR, depth, filtered_repos_dir, list_repos
+from data_gen.common import Journal, file_digest, item_rng, journal_name, print_counts, write_json
 from data_gen.llm import LLMError, make_client, model_name
 from envs.auto_explore import optimal_path
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
@@ -324,7 +324,7 @@ def main(args) -> int:
         raise ValueError(f"--repo_dir: a repository named 'data' in {str(repos_dir)!r} would overwrite "
                          f"{out_dir}/data.json; rename its folder")
     client = make_client(args)
-    journal = Journal(out_dir, f"gen_task_{run_tag(args)}")
+    journal = Journal(out_dir, journal_name("gen_task", model_name(args), args.seed))
     items, sampled = [], {}
     for repo in repos:
         repo_path = repos_dir / repo

@@ -31,8 +31,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, run_tag, task_key
-from data_gen.common import Journal, item_rng, print_counts, read_json, write_json
+from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
+from data_gen.common import Journal, item_rng, journal_name, print_counts, read_json, write_json
 from data_gen.llm import LLMError, make_client, model_name
 from envs.auto_explore import AutoExploreEnv, optimal_path, task_targets
 from envs.base import rng_seed
@@ -240,7 +240,7 @@ def main(args) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     env = AutoExploreEnv(horizon=args.horizon, leaveout_prob=0.0, repos_dir=filtered_repos_dir(args))
     client = make_client(args)
-    journal = Journal(out_dir, f"reflection_negative_{run_tag(args)}_h{env.horizon}")
+    journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, env.horizon))
     items = [(task_key(task), task) for task in tasks]
     try:
         results = journal.run(items, lambda task: task_trajectories(args, client, env, task),
