@@ -11,12 +11,16 @@ errors stop at once with :class:`LLMError`. Answers can be cached on disk
 (``--llm_cache DIR``), and :attr:`ChatClient.usage` counts requests and tokens.
 """
 
+import functools
 import hashlib
 import json
 import logging
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -31,6 +35,25 @@ RETRIED_STATUS = {408, 409, 429}
 
 class LLMError(RuntimeError):
     """An LLM request that must not be retried (bad key, bad request) or that kept failing."""
+
+
+def stops_on_llm_error(step: str, unit: str):
+    """Decorate a step's ``main``: an API failure (:class:`LLMError`: a bad key, a refused
+    request, retries used up) ends the step with one line naming it and exit code 1.
+    Finished ``unit`` are already in the step's journal, so a re-run resumes."""
+
+    def decorate(main: Callable[[Any], int]) -> Callable[[Any], int]:
+        @functools.wraps(main)
+        def guarded(args) -> int:
+            try:
+                return main(args)
+            except LLMError as error:
+                print(f"[{step}] stopped: {error} (finished {unit} are kept; re-run to resume)", file=sys.stderr)
+                return 1
+
+        return guarded
+
+    return decorate
 
 
 @dataclass

@@ -140,3 +140,11 @@ def test_a_change_of_settings_starts_a_fresh_journal(make_args):
     for change in ({"horizon": 10}, {"random_prob": 0.5}, {"shuffle_action": True}, {"seed": 1},
                    {"env": "taxi", "taxi_curriculum": True, "curriculum_index": 0}):
         assert reflection.journal_name(make_args(api="oracle", **change)) != base, change
+
+
+def test_a_missing_api_key_stops_the_step_with_one_line(make_args, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert reflection.main(make_args(api="openai", num_episodes=2, output_dir=str(tmp_path))) == 1
+    assert "[taxi.reflection] stopped: --api=openai needs the environment variable OPENAI_API_KEY" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "data_reflection.json").exists()

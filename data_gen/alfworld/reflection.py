@@ -30,7 +30,7 @@ from pathlib import Path
 
 from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
 from data_gen.common import journal_name as common_journal_name
-from data_gen.llm import LLMError, make_client, model_name
+from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
 from experiment_args import parse_args
@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RANDOM_PROB = 0.7
 OUT_DIR = DATA_DIR / "alfworld"
+STEP = "alfworld.reflection"
 
 SYSTEM = ("You coach an agent in a text-based household game (ALFWorld). You write short, concrete "
           "analyses of the current situation that help the agent choose its next command.")
@@ -338,6 +339,7 @@ def journal_name(args) -> str:
                                args.shuffle_action)
 
 
+@stops_on_llm_error(STEP, "episodes")
 def main(args) -> int:
     args.env = "alfworld"
     if not 0.0 <= _random_prob(args) <= 1.0:
@@ -345,17 +347,12 @@ def main(args) -> int:
     out_dir = Path(OUT_DIR if args.output_dir is None else args.output_dir)
     # The env names --alfworld_data and $ALFWORLD_DATA when neither gives a data root.
     env = make_env("alfworld", **env_kwargs(args, run_dir=out_dir))
-    client = None
     try:
         client = make_client(args)
         journal = Journal(out_dir, journal_name(args))
         items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
         episodes = journal.run(items, lambda i: rollout(args, client, env, i), desc="alfworld reflections")
         blocked = len(env.blocked)
-    except LLMError as error:
-        print(f"[alfworld.reflection] stopped: {error} (finished episodes are kept; re-run to resume)",
-              file=sys.stderr)
-        return 1
     finally:
         env.close()
     records = [record for episode in episodes for record in episode["records"]]
@@ -368,7 +365,7 @@ def main(args) -> int:
               "engine errors": failed, "blocked problems": blocked, "output": str(path)}
     if blocked:
         counts["block list"] = str(env.block_list)
-    print_counts("alfworld.reflection", counts, client)
+    print_counts(STEP, counts, client)
     return 0
 
 

@@ -33,13 +33,14 @@ import yaml
 
 from data_gen.auto_explore import TASKS_DIR, depth, filtered_repos_dir, list_repos
 from data_gen.common import Journal, file_digest, item_rng, journal_name, print_counts, write_json
-from data_gen.llm import LLMError, make_client, model_name
+from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs.auto_explore import optimal_path
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
 from experiment_args import parse_args
 
 logger = logging.getLogger(__name__)
 
+STEP = "auto_explore.gen_task"
 MAX_FILES_PER_REPO = 100
 MAX_TASK_DEPTH = 2
 BLOCK_TOKENS = (50, 2000)
@@ -314,6 +315,7 @@ def file_tasks(args, client, repo_path: Path, rel: str, digest: str, oracle_ques
     return {"status": "ok", "tasks": [make_task(q, a, rel, repo, model) for q, a in pairs]}
 
 
+@stops_on_llm_error(STEP, "files")
 def main(args) -> int:
     repos_dir = filtered_repos_dir(args)
     out_dir = Path(args.output_dir) if args.output_dir else TASKS_DIR
@@ -338,12 +340,7 @@ def main(args) -> int:
         for rel in sampled[repo]:
             digest = file_digest(repo_path / rel)
             items.append((f"{repo}/{rel}@{digest}", (repo_path, rel, digest, questions.get(rel))))
-    try:
-        results = journal.run(items, lambda payload: file_tasks(args, client, *payload), desc="auto_explore tasks")
-    except LLMError as error:
-        print(f"[auto_explore.gen_task] stopped: {error} (finished files are kept; re-run to resume)",
-              file=sys.stderr)
-        return 1
+    results = journal.run(items, lambda payload: file_tasks(args, client, *payload), desc="auto_explore tasks")
     by_repo = defaultdict(list)
     statuses = Counter()
     for (_, payload), result in zip(items, results):
@@ -363,7 +360,7 @@ def main(args) -> int:
     counts["tasks"] = len(all_tasks)
     counts.update({f"depth {d}": n for d, n in sorted(depths.items())})
     counts["output"] = str(out_dir)
-    print_counts("auto_explore.gen_task", counts, client)
+    print_counts(STEP, counts, client)
     return 0
 
 

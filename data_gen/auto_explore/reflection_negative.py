@@ -33,7 +33,7 @@ from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
 from data_gen.common import Journal, item_rng, journal_name, print_counts, read_json, write_json
-from data_gen.llm import LLMError, make_client, model_name
+from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs.auto_explore import AutoExploreEnv, optimal_path, task_targets
 from envs.base import rng_seed
 from experiment_args import parse_args
@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 MAX_NEGATIVES = 2
 OUTPUT_NAME = "data_reflection_negative.json"
+STEP = "auto_explore.reflection_negative"
 
 # --- API writer ------------------------------------------------------------------------------
 
@@ -232,6 +233,7 @@ def task_trajectories(args, client, env: AutoExploreEnv, task: dict) -> dict:
     return {"trajectories": trajectories, "counts": dict(counts)}
 
 
+@stops_on_llm_error(STEP, "tasks")
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data.json"
     tasks = read_json(task_file)
@@ -239,16 +241,12 @@ def main(args) -> int:
         raise ValueError(f"--task_file: {task_file} must hold a list of tasks")
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     env = AutoExploreEnv(horizon=args.horizon, leaveout_prob=0.0, repos_dir=filtered_repos_dir(args))
-    client = make_client(args)
-    journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, env.horizon))
-    items = [(task_key(task), task) for task in tasks]
     try:
+        client = make_client(args)
+        journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, env.horizon))
+        items = [(task_key(task), task) for task in tasks]
         results = journal.run(items, lambda task: task_trajectories(args, client, env, task),
                               desc="auto_explore trajectories")
-    except LLMError as error:
-        print(f"[auto_explore.reflection_negative] stopped: {error} (finished tasks are kept; re-run to resume)",
-              file=sys.stderr)
-        return 1
     finally:
         env.close()
     records = [dict(task, trajectories=result["trajectories"]) for task, result in zip(tasks, results)]
@@ -263,8 +261,7 @@ def main(args) -> int:
             else:
                 kinds["negatives"] += 1
     unusable = sum(result["counts"].get("unusable answers", 0) for result in results)
-    print_counts("auto_explore.reflection_negative", {"tasks": len(records), **kinds, "unusable answers": unusable,
-                                                      "output": str(path)}, client)
+    print_counts(STEP, {"tasks": len(records), **kinds, "unusable answers": unusable, "output": str(path)}, client)
     return 0
 
 

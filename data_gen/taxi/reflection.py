@@ -15,7 +15,7 @@ import sys
 
 from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
 from data_gen.common import journal_name as common_journal_name
-from data_gen.llm import LLMError, make_client, model_name
+from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs import make_env
 from envs.base import rng_seed
 from envs.taxi import DangerousTaxiEnv
@@ -23,6 +23,7 @@ from experiment_args import parse_args
 
 DEFAULT_RANDOM_PROB = 0.9
 OUT_DIR = DATA_DIR / "taxi"
+STEP = "taxi.reflection"
 
 SYSTEM = ("You coach a taxi driver in a small grid game. You write short, concrete analyses of the "
           "current situation that help the driver decide the next move.")
@@ -105,22 +106,19 @@ def _curriculum(args) -> str:
     return "full"
 
 
+@stops_on_llm_error(STEP, "episodes")
 def main(args) -> int:
     args.env = "taxi"
     out_dir = OUT_DIR if args.output_dir is None else args.output_dir
     client = make_client(args)
     journal = Journal(out_dir, journal_name(args))
     items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
-    try:
-        episodes = journal.run(items, lambda i: rollout(args, client, i), desc="taxi reflections")
-    except LLMError as error:
-        print(f"[taxi.reflection] stopped: {error} (finished episodes are kept; re-run to resume)", file=sys.stderr)
-        return 1
+    episodes = journal.run(items, lambda i: rollout(args, client, i), desc="taxi reflections")
     records = [record for episode in episodes for record in episode]
     path = f"{out_dir}/data_reflection.json"
     write_json(path, records)
     counts = {"episodes": len(episodes), "states": len(records), "output": path}
-    print_counts("taxi.reflection", counts, client)
+    print_counts(STEP, counts, client)
     return 0
 
 
