@@ -246,9 +246,7 @@ def main(args) -> int:
         if args.resume_from:
             carry_metrics(Path(args.resume_from).parent, start_iteration, metric_log)
     envs = [make_env(args.env, **env_kwargs(args, run_dir=run_dir)) for _ in range(args.per_device_eval_batch_size)]
-    rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
-                               reflect_prob=args.reflect_prob, temperature=args.temperature,
-                               max_seq_length=args.max_seq_length, reflect_max_new_tokens=args.reflect_max_new_tokens)
+    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     scorer = rollout.scorer
     window: list[dict] = []
     bar = tqdm(range(start_iteration, args.max_steps), initial=start_iteration, total=args.max_steps,

@@ -177,6 +177,13 @@ class TwoPlayerRollout:
         newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False)
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
 
+    @classmethod
+    def from_args(cls, args, policy, tokenizer, reflector=None, reflect_tokenizer=None) -> "TwoPlayerRollout":
+        """The rollout the flags describe (the same for RL, evaluation and the benchmarks)."""
+        return cls(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
+                   reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
+                   reflect_max_new_tokens=args.reflect_max_new_tokens)
+
     # --- the two players ----------------------------------------------------------------
 
     @torch.no_grad()

@@ -29,8 +29,7 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     policy, tokenizer, reflector, reflect_tokenizer = rl_finetune.load_players(args, args.load_dir)
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=args.learning_rate)
-    rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
-                               reflect_max_new_tokens=args.reflect_max_new_tokens)
+    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     envs = [make_env("taxi", horizon=10) for _ in range(batch)]
     from envs.curriculum import taxi_curriculum
 

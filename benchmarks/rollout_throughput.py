@@ -45,8 +45,7 @@ def main(args) -> int:
                                                        shrink_head=True)
     reflector, reflect_tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=args.reflect_load_dir,
                                                                   trainable=False)
-    rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
-                               reflect_max_new_tokens=args.reflect_max_new_tokens)
+    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     play(rollout, [EpisodeStart(seed=499, options={"curriculum": "full"})], 1)  # warm-up, not timed
     rows = []
     for batch in BATCHES:
