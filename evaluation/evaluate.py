@@ -84,9 +84,7 @@ def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> lis
     if config.get("reflect_load_dir"):
         reflector, reflect_tokenizer = utils.load_model_and_tokenizer(
             args, model_name=args.reflect_model_name, adapter_dir=config["reflect_load_dir"], trainable=False)
-    rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
-                               reflect_prob=args.reflect_prob, temperature=args.temperature,
-                               max_seq_length=args.max_seq_length, reflect_max_new_tokens=args.reflect_max_new_tokens)
+    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
     episodes = []
     batch = len(envs)
@@ -96,19 +94,18 @@ def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> lis
     return episodes
 
 
+def figures(episodes) -> dict:
+    """Success rate, average cost and length of ``episodes``, and how many they are."""
+    return {"success": float(np.mean([e.success for e in episodes])), "cost": float(np.mean([e.cost for e in episodes])),
+            "episodes": len(episodes), "steps": float(np.mean([len(e.decisions) for e in episodes]))}
+
+
 def summarise(episodes) -> dict:
+    """:func:`figures` per level, then over all episodes (``"all"``)."""
     levels: dict[str, list] = {}
     for episode in episodes:
         levels.setdefault(episode.level, []).append(episode)
-    summary = {level: {"success": float(np.mean([e.success for e in group])),
-                       "cost": float(np.mean([e.cost for e in group])),
-                       "episodes": len(group),
-                       "steps": float(np.mean([len(e.decisions) for e in group]))}
-               for level, group in sorted(levels.items())}
-    summary["all"] = {"success": float(np.mean([e.success for e in episodes])),
-                      "cost": float(np.mean([e.cost for e in episodes])), "episodes": len(episodes),
-                      "steps": float(np.mean([len(e.decisions) for e in episodes]))}
-    return summary
+    return {**{level: figures(group) for level, group in sorted(levels.items())}, "all": figures(episodes)}
 
 
 def markdown_table(results: list[dict]) -> str:
@@ -125,6 +122,14 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join([header, rule, *rows]) + "\n"
 
 
+def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "") -> str:
+    """Write ``results.json`` and ``results.md`` (the table under ``title``); return the table."""
+    table = markdown_table(results)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "results.md").write_text(f"# {title}\n\n{table}{footer}", encoding="utf-8")
+    return table
+
+
 def run(args, eval_load_list: list[dict]) -> tuple[Path, list[dict]]:
     configs = load_configs(args, eval_load_list)
     run_dir = utils.make_run_dir(args, SCRIPT)
@@ -139,9 +144,7 @@ def run(args, eval_load_list: list[dict]) -> tuple[Path, list[dict]]:
     finally:
         for env in envs:
             env.close()
-    table = markdown_table(results)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (run_dir / "results.md").write_text(f"# Evaluation on {args.env}\n\n{table}", encoding="utf-8")
+    table = save_results(run_dir, results, f"Evaluation on {args.env}")
     print(f"\n[evaluate] {args.env}: {len(starts)} episodes per configuration; saved in {run_dir}\n\n{table}")
     return run_dir, results
 

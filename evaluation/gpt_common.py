@@ -1,11 +1,9 @@
 """What the two API-model evaluations share: episodes, play, summary, files."""
 
-import json
-
 import utils
 from data_gen.llm import make_client
 from envs import env_kwargs, make_env
-from evaluation.evaluate import markdown_table, summarise, test_episodes
+from evaluation.evaluate import save_results, summarise, test_episodes
 from evaluation.gpt_agent import play
 
 
@@ -22,10 +20,7 @@ def run_gpt_evaluation(args, script: str) -> int:
         env.close()
     name = f"{args.api}:{args.model}"
     results = [{"name": name, "levels": summarise(episodes), "answers": answers, "unusable_answers": unusable}]
-    table = markdown_table(results)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (run_dir / "results.md").write_text(f"# {name} on {args.env}\n\n{table}\nunusable answers: {unusable} of "
-                                        f"{answers}\n", encoding="utf-8")
+    table = save_results(run_dir, results, f"{name} on {args.env}", f"\nunusable answers: {unusable} of {answers}\n")
     print(f"\n[{script}] {name} on {args.env}: {len(episodes)} episodes, {unusable} of {answers} answers "
           f"unusable; saved in {run_dir}\n\n{table}\n{client.usage.summary()}")
     return 0
