@@ -9,7 +9,7 @@ Three files, each line ``{"text": ...}``:
 
 from pathlib import Path
 
-from data_gen.common import write_jsonl
+from data_gen.common import print_counts, read_json, write_jsonl
 from prompts import policy_sft_text, reflection_sft_text
 
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
@@ -38,8 +38,6 @@ def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, suffix: s
 
 def gen_sft_main(args, env_cls, default_input: Path, step: str) -> int:
     """``python -m data_gen.<env>.gen_sft``: the three files next to the reflection data (or in --output_dir)."""
-    from data_gen.common import print_counts, read_json
-
     task_file = Path(args.task_file or default_input)
     records = read_json(task_file)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
