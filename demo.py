@@ -22,6 +22,7 @@ import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
 import rl_finetune
 import supervised_pretrain
+import utils
 from evaluation import evaluate
 from experiment_args import parse_args
 from visualization import plot
@@ -50,7 +51,7 @@ def say(message: str) -> None:
 
 
 def latest_run(runs: Path, script: str) -> Path:
-    found = sorted(runs.glob(f"*_{script}"), key=lambda p: int(p.name.split("_")[0]))
+    found = utils.run_dirs(runs, script)
     if not found:
         raise RuntimeError(f"no {script} run in {runs}")
     return found[-1]

@@ -283,6 +283,17 @@ def _locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_RUN_DIR = re.compile(r"(\d+)_(.+)")  # <id>_<script>
+
+
+def run_dirs(root: str | Path, script: str | None = None) -> list[Path]:
+    """The run directories under ``root`` (of ``script`` only, if given), in id order."""
+    root = Path(root)
+    found = [(int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
+             if (m := _RUN_DIR.fullmatch(p.name)) and script in (None, m.group(2))]
+    return [path for _, path in sorted(found)]
+
+
 def make_run_dir(args, script: str) -> Path:
     """Create ``<ckpt_path>/<id>_<script>/`` with the next free numeric id and save its settings.
 
@@ -291,8 +302,9 @@ def make_run_dir(args, script: str) -> Path:
     root = Path(args.ckpt_path)
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / ".run_id.lock"):
-        ids = [int(m.group(1)) for p in root.iterdir() if (m := re.match(r"(\d+)_", p.name))]
-        run_dir = root / f"{max(ids, default=0) + 1}_{script}"
+        runs = run_dirs(root)
+        last = int(_RUN_DIR.fullmatch(runs[-1].name).group(1)) if runs else 0
+        run_dir = root / f"{last + 1}_{script}"
         run_dir.mkdir()
     save_settings(run_dir, args)
     return run_dir

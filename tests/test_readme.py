@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import utils
 from tests.conftest import REPO, SHARED
 from tests.openai_server import OpenAIServer
 
@@ -69,7 +70,7 @@ def _target(argv: list[str]) -> str:
 
 
 def _latest(folder: Path, script: str) -> Path:
-    runs = sorted(folder.glob(f"*_{script}"), key=lambda p: int(p.name.split("_")[0]))
+    runs = utils.run_dirs(folder, script)
     assert runs, f"no {script} run in {folder}"
     return runs[-1]
 

@@ -14,7 +14,7 @@ FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=Tru
 
 
 def _runs(tmp_path):
-    return sorted((tmp_path / "results").glob("*_rl_finetune"), key=lambda p: int(p.name.split("_")[0]))
+    return utils.run_dirs(tmp_path / "results", "rl_finetune")
 
 
 def _adapter(checkpoint):

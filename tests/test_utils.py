@@ -96,6 +96,10 @@ def test_run_dirs_get_unique_increasing_ids(make_args, tmp_path):
     assert ids == list(range(1, 17))
     assert all((d / utils.SETTINGS_FILE).is_file() for d in dirs)
     assert utils.make_run_dir(args, "x").name == "17_x"
+    rl_runs = utils.run_dirs(tmp_path / "results", "rl_finetune")
+    rl_ids = [int(d.name.split("_")[0]) for d in rl_runs]
+    assert len(rl_runs) == 8 and rl_ids == sorted(rl_ids) and all(d.name.endswith("_rl_finetune") for d in rl_runs)
+    assert [d.name.split("_")[0] for d in utils.run_dirs(tmp_path / "results")] == [str(i) for i in range(1, 18)]
 
 
 def test_settings_replay_as_config(make_args):
