@@ -102,6 +102,18 @@ def journal_name(step: str, model: str, seed: int, *settings: Any) -> str:
     return f"{step}_{re.sub(r'[^A-Za-z0-9_.-]', '_', model)}_{seed}_{digest}"
 
 
+def random_prob(args, default: float) -> float:
+    """``--random_prob`` of an "expert + random p" rollout, or the environment's paper default."""
+    return default if args.random_prob is None else args.random_prob
+
+
+def api_reflection(client, system: str, user: str) -> str:
+    """A reflection written by an API model (Taxi, ALFWorld): sampled at temperature 0.7,
+    at most 120 tokens, its whitespace collapsed to one line."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return " ".join(client.complete(messages, temperature=0.7, max_tokens=120).split())
+
+
 def file_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 

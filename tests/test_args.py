@@ -96,6 +96,7 @@ def test_bad_yaml_type_names_the_flag(tmp_path, capsys):
         ({"horizon": 0}, "--horizon"),
         ({"leaveout_prob": 1.2}, "--leaveout_prob"),
         ({"reflect_prob": -0.1}, "--reflect_prob"),
+        ({"random_prob": 1.5}, "--random_prob"),
         ({"temperature": 0.0}, "--temperature"),
         ({"replay_buffer_size": -1}, "--replay_buffer_size"),
         ({"replay_batch_size": -1}, "--replay_batch_size"),

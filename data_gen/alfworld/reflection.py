@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
+from data_gen.common import DATA_DIR, Journal, api_reflection, item_rng, print_counts, random_prob, write_json
 from data_gen.common import journal_name as common_journal_name
 from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs import env_kwargs, make_env
@@ -283,9 +283,7 @@ def oracle_reflection(memory: Memory, best: str, last: LastStep | None, rng) -> 
 def write_reflection(client, observation: str, memory: Memory, best: str, last: LastStep | None, rng) -> str:
     if client is None:
         return oracle_reflection(memory, best, last, rng)
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": PROMPT.format(observation=observation, best=best)}]
-    return " ".join(client.complete(messages, temperature=0.7, max_tokens=120).split())
+    return api_reflection(client, SYSTEM, PROMPT.format(observation=observation, best=best))
 
 
 # --- rollouts ---------------------------------------------------------------------------
@@ -296,7 +294,7 @@ def rollout(args, client, env, index: int) -> dict:
     rng = item_rng(args.seed, "alfworld", index)
     # Wording draws from its own generator, so the trajectories do not depend on the writer.
     wording = item_rng(args.seed, "alfworld", index, "wording")
-    random_prob = _random_prob(args)
+    p_random = random_prob(args, DEFAULT_RANDOM_PROB)
     observation, info = env.reset(seed=rng_seed(rng))
     problem = Path(info["problem"])
     if env.data_root is not None and problem.is_relative_to(env.data_root):
@@ -313,7 +311,7 @@ def rollout(args, client, env, index: int) -> dict:
             records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
                             "model": model_name(args), "episode": index, "step": env.steps,
                             "problem": str(problem)})
-        explore = rng.random() < random_prob
+        explore = rng.random() < p_random
         label = best_label if best_label is not None and not explore else str(rng.choice(info["labels"]))
         command = info["actions"][info["labels"].index(label)]
         observation, _, terminated, truncated, info = env.step(label)
@@ -328,22 +326,16 @@ def rollout(args, client, env, index: int) -> dict:
                     "engine_error": info.get("engine_error"), "problem": str(problem)}
 
 
-def _random_prob(args) -> float:
-    return DEFAULT_RANDOM_PROB if args.random_prob is None else args.random_prob
-
-
 def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
     return common_journal_name("alfworld_reflection", model_name(args), args.seed, args.alfworld_task,
-                               args.alfworld_split, args.alfworld_expert, _random_prob(args), args.horizon,
+                               args.alfworld_split, args.alfworld_expert, random_prob(args, DEFAULT_RANDOM_PROB), args.horizon,
                                args.shuffle_action)
 
 
 @stops_on_llm_error(STEP, "episodes")
 def main(args) -> int:
     args.env = "alfworld"
-    if not 0.0 <= _random_prob(args) <= 1.0:
-        raise ValueError(f"--random_prob must be between 0 and 1, got {args.random_prob}")
     out_dir = Path(OUT_DIR if args.output_dir is None else args.output_dir)
     # The env names --alfworld_data and $ALFWORLD_DATA when neither gives a data root.
     env = make_env("alfworld", **env_kwargs(args, run_dir=out_dir))

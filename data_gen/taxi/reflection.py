@@ -13,7 +13,7 @@ names the direction that the BFS plan takes next.
 
 import sys
 
-from data_gen.common import DATA_DIR, Journal, item_rng, print_counts, write_json
+from data_gen.common import DATA_DIR, Journal, api_reflection, item_rng, print_counts, random_prob, write_json
 from data_gen.common import journal_name as common_journal_name
 from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs import make_env
@@ -66,15 +66,13 @@ def write_reflection(client, env: DangerousTaxiEnv, observation: str, best: str,
                      last_move_good: bool | None) -> str:
     if client is None:
         return oracle_reflection(env, best, last_move_good)
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": PROMPT.format(observation=observation, best=best)}]
-    return " ".join(client.complete(messages, temperature=0.7, max_tokens=120).split())
+    return api_reflection(client, SYSTEM, PROMPT.format(observation=observation, best=best))
 
 
 def rollout(args, client, index: int) -> list[dict]:
     """One episode; a record per state visited."""
     rng = item_rng(args.seed, "taxi", index)
-    random_prob = DEFAULT_RANDOM_PROB if args.random_prob is None else args.random_prob
+    p_random = random_prob(args, DEFAULT_RANDOM_PROB)
     env = make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
                    with_history=args.with_history, curriculum=_curriculum(args))
     observation, info = env.reset(seed=rng_seed(rng))
@@ -86,7 +84,7 @@ def rollout(args, client, index: int) -> list[dict]:
         records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
                         "model": model_name(args), "episode": index, "step": env.steps,
                         "curriculum": env.stage})
-        label = str(rng.choice(info["labels"])) if rng.random() < random_prob else best_label
+        label = str(rng.choice(info["labels"])) if rng.random() < p_random else best_label
         last_move_good = label == best_label
         observation, _, terminated, truncated, info = env.step(label)
         if terminated or truncated:
@@ -96,7 +94,7 @@ def rollout(args, client, index: int) -> list[dict]:
 def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
     return common_journal_name("taxi_reflection", model_name(args), args.seed, _curriculum(args), args.horizon,
-                               DEFAULT_RANDOM_PROB if args.random_prob is None else args.random_prob,
+                               random_prob(args, DEFAULT_RANDOM_PROB),
                                args.shuffle_action, args.with_prompt, args.with_history)
 
 
