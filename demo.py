@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+import checkpoints
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
 import rl_finetune
 import supervised_pretrain
-import utils
 from evaluation import evaluate
 from experiment_args import parse_args
 from visualization import plot
@@ -51,7 +51,7 @@ def say(message: str) -> None:
 
 
 def latest_run(runs: Path, script: str) -> Path:
-    found = utils.run_dirs(runs, script)
+    found = checkpoints.run_dirs(runs, script)
     if not found:
         raise RuntimeError(f"no {script} run in {runs}")
     return found[-1]

@@ -24,7 +24,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-import utils
+import checkpoints
+import metrics
+import models
+import seeding
 from envs import env_kwargs, make_env
 from envs.curriculum import Curriculum, curriculum_from_args
 from experiment_args import parse_args
@@ -44,7 +47,7 @@ RESUME_MUST_MATCH = ("env", "trainer", "model_name", "use_peft", "shrink_head", 
 
 
 def check_resume(args) -> None:
-    saved = utils.load_settings(args.resume_from)
+    saved = checkpoints.load_settings(args.resume_from)
     different = [f"--{key}={saved.get(key)!r} there, {getattr(args, key)!r} here"
                  for key in RESUME_MUST_MATCH if saved.get(key) != getattr(args, key)]
     if different:
@@ -53,13 +56,13 @@ def check_resume(args) -> None:
 
 def load_players(args, adapter_dir: str | None):
     """The trainable policy (with the label head if asked) and the frozen reflector (or None)."""
-    policy, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=adapter_dir, shrink_head=args.shrink_head)
+    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=adapter_dir, shrink_head=args.shrink_head)
     policy.eval()  # no dropout: the log-probs of the update equal those of the rollout
     reflector, reflect_tokenizer = None, None
     if args.use_reflection:
         if args.reflect_load_dir is None:
             logger.warning("--reflect without --reflect_load_dir: reflections come from the untuned base model")
-        reflector, reflect_tokenizer = utils.load_model_and_tokenizer(
+        reflector, reflect_tokenizer = models.load_model_and_tokenizer(
             args, model_name=args.reflect_model_name, adapter_dir=args.reflect_load_dir, trainable=False)
     return policy, tokenizer, reflector, reflect_tokenizer
 
@@ -213,14 +216,14 @@ def main(args) -> int:
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, is_main = accelerator.process_index, accelerator.is_main_process
-    utils.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
+    seeding.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
     if args.resume_from:
         check_resume(args)
     adapter_dir = args.resume_from or args.load_dir
     policy, tokenizer, reflector, reflect_tokenizer = load_players(args, adapter_dir)
     critic = None
     if args.baseline == "critic":
-        critic = ValueHead(utils.base_model(policy).config.hidden_size).to(utils.device())
+        critic = ValueHead(models.base_model(policy).config.hidden_size).to(models.device())
     params = [p for p in policy.parameters() if p.requires_grad] + (list(critic.parameters()) if critic else [])
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     curriculum = curriculum_from_args(args)
@@ -228,7 +231,7 @@ def main(args) -> int:
     rng = episode_rng(args, rank)
     start_iteration, nan_skips = 0, 0
     if args.resume_from:
-        restored = utils.load_checkpoint(args.resume_from, optimizer)
+        restored = checkpoints.load_checkpoint(args.resume_from, optimizer)
         if len(restored["state"]["ranks"]) != accelerator.num_processes:
             raise ValueError(f"--resume_from: {args.resume_from} was written by {len(restored['state']['ranks'])} "
                              f"processes; resume it with as many, not {accelerator.num_processes}")
@@ -239,8 +242,8 @@ def main(args) -> int:
             critic.load_state_dict(state["critic"])
         start_iteration, nan_skips = restored["step"], restored["state"]["nan_skips"]
 
-    run_dir = utils.make_run_dir(args, SCRIPT) if is_main else None
-    metric_log = utils.MetricLogger(run_dir) if is_main else None
+    run_dir = checkpoints.make_run_dir(args, SCRIPT) if is_main else None
+    metric_log = metrics.MetricLogger(run_dir) if is_main else None
     if is_main:
         print(f"[rl_finetune] run directory: {run_dir}", flush=True)
         if args.resume_from:
@@ -291,7 +294,7 @@ def main(args) -> int:
         if accelerator.num_processes > 1:
             stats = accelerator.reduce(stats.to(accelerator.device), reduction="sum").cpu()
         successes, cost, length, count, entropy = stats.tolist()
-        metrics = {
+        record = {
             "success": successes / count, "cost": cost / count, "loss": loss,
             "entropy": entropy / max(length, 1), "episode_length": length / count,
             "tokens": rollout.stats.policy_tokens + rollout.stats.reflection_prompt_tokens - tokens_before,
@@ -301,9 +304,9 @@ def main(args) -> int:
         }
         window += [episode_log(e, iteration + 1) for e in episodes]
         if is_main:
-            metric_log.log(iteration + 1, metrics)
-            bar.set_postfix(success=f"{metrics['success']:.2f}", cost=f"{metrics['cost']:.2f}",
-                            loss=f"{loss:.3f}", level=metrics["level"])
+            metric_log.log(iteration + 1, record)
+            bar.set_postfix(success=f"{record['success']:.2f}", cost=f"{record['cost']:.2f}",
+                            loss=f"{loss:.3f}", level=record["level"])
         if (iteration + 1) % args.save_steps == 0 or iteration + 1 == args.max_steps:
             rank_state = {"rng": rng.bit_generator.state, "replay": replay.state_dict(),
                           "critic": critic.state_dict() if critic is not None else None}
@@ -312,7 +315,7 @@ def main(args) -> int:
                 check_in_sync(params)
                 ranks, logs = gather_object([rank_state]), gather_object(window)
             if is_main:
-                utils.save_checkpoint(
+                checkpoints.save_checkpoint(
                     run_dir / f"checkpoint-{iteration + 1}", model=policy, tokenizer=tokenizer, args=args,
                     step=iteration + 1, optimizer=optimizer,
                     state={"ranks": ranks, "nan_skips": nan_skips, "level": level},
@@ -342,15 +345,15 @@ def episode_log(episode: Episode, iteration: int) -> dict:
 
 def carry_metrics(previous_run: Path, upto: int, metric_log) -> None:
     """Copy the resumed run's metrics up to the checkpoint, so the new run holds the whole curve."""
-    source = previous_run / utils.MetricLogger.FILE
+    source = previous_run / metrics.MetricLogger.FILE
     if not source.is_file():
         logger.warning("no %s in %s: the new run's curve starts at iteration %d", source.name, previous_run, upto)
         return
-    for record in utils.read_metrics(previous_run):
+    for record in metrics.read_metrics(previous_run):
         if record["step"] <= upto:
             step = record.pop("step")
             metric_log.log(step, record)
-    shutil.copy2(previous_run / utils.SETTINGS_FILE, Path(metric_log.path).parent / "resumed_from_setting.yml")
+    shutil.copy2(previous_run / checkpoints.SETTINGS_FILE, Path(metric_log.path).parent / "resumed_from_setting.yml")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
-import utils
+import models
 from envs.base import TextEnv
 from prompts import LABELS, clean_reflection, label_token_ids, policy_prompt, reflection_prompt
 
@@ -128,7 +128,7 @@ class PolicyScorer:
         batch, truncated, tokens = encode_left(self.tokenizer, prompts, self.max_seq_length, _device(self.policy))
         out = self.policy(**batch, logits_to_keep=1, output_hidden_states=with_hidden)
         logits = out.logits[:, -1, :].float()
-        if utils.label_head(self.policy) is None:
+        if models.label_head(self.policy) is None:
             logits = logits[:, self.label_ids.to(logits.device)]
         mask = torch.zeros_like(logits, dtype=torch.bool)
         for row, indices in enumerate(valid):
@@ -202,7 +202,7 @@ class TwoPlayerRollout:
         devices = [batch["input_ids"].device] if batch["input_ids"].is_cuda else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            with utils.full_head(self.reflector):
+            with models.full_head(self.reflector):
                 out = self.reflector.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                               generation_config=config)
         new = out[:, batch["input_ids"].shape[1]:]

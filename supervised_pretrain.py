@@ -18,7 +18,10 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-import utils
+import checkpoints
+import metrics
+import models
+import seeding
 from experiment_args import parse_args
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start
 
@@ -90,7 +93,7 @@ class RunFiles(TrainerCallback):
 
     def __init__(self, args, run_dir: Path):
         self.args, self.run_dir = args, run_dir
-        self.metrics = utils.MetricLogger(run_dir)
+        self.metrics = metrics.MetricLogger(run_dir)
 
     def on_log(self, training_args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
@@ -98,7 +101,7 @@ class RunFiles(TrainerCallback):
 
     def on_save(self, training_args, state, control, **kwargs):
         if state.is_world_process_zero:
-            utils.save_settings(self.run_dir / f"checkpoint-{state.global_step}", self.args)
+            checkpoints.save_settings(self.run_dir / f"checkpoint-{state.global_step}", self.args)
 
     def on_train_end(self, training_args, state, control, **kwargs):
         self.metrics.close()
@@ -119,10 +122,10 @@ def build_dataset(args, tokenizer):
 
 
 def main(args) -> int:
-    utils.set_seed(args.seed)
-    model, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
+    seeding.set_seed(args.seed)
+    model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
     dataset = build_dataset(args, tokenizer)
-    run_dir = utils.make_run_dir(args, SCRIPT)
+    run_dir = checkpoints.make_run_dir(args, SCRIPT)
     print(f"[supervised_pretrain] output directory: {run_dir}", flush=True)
     training_args = TrainingArguments(
         output_dir=str(run_dir),

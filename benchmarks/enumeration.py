@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-import utils
+import models
 from envs import make_env
 from experiment_args import parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
@@ -55,7 +55,7 @@ def timed(work, runs: int) -> float:
 def main(args) -> int:
     runs = max(args.runs, 7)
     torch.set_grad_enabled(False)
-    model, tokenizer = utils.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
+    model, tokenizer = models.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
     enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -68,7 +68,7 @@ def main(args) -> int:
             enum_ms = timed(lambda p=prompt, v=valid: enumeration.logprobs([p], [v]), runs)
             enum_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
             row = {"actions": len(actions), "enumeration": (enum_ms, enum_tokens)}
-            with utils.full_head(model):  # SayCan scores action text over the whole vocabulary
+            with models.full_head(model):  # SayCan scores action text over the whole vocabulary
                 for name, cache in (("saycan", False), ("saycan_cached", True)):
                     scorer = SayCanScorer(model, tokenizer, cache=cache)
                     ms = timed(lambda s=scorer, st=state, a=actions: s.scores(st, a), runs)

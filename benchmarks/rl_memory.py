@@ -19,8 +19,8 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     import numpy as np
     import torch
 
+    import models
     import rl_finetune
-    import utils
     from envs import make_env
     from experiment_args import parse_args
     from rollout import TwoPlayerRollout
@@ -46,7 +46,7 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     model_mib = sum(p.numel() * p.element_size() for m in (policy, reflector) for p in m.parameters()) / 2**20
     decisions = sum(len(e.decisions) for e in episodes)
     queue.put((batch, torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_kib / 1024, model_mib,
-               decisions, utils.device().type))
+               decisions, models.device().type))
 
 
 def main(argv: list[str]) -> int:

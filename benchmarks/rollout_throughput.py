@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-import utils
+import models
 from envs import make_env
 from experiment_args import parse_args
 from rollout import EpisodeStart, TwoPlayerRollout
@@ -41,9 +41,9 @@ def play(rollout: TwoPlayerRollout, starts: list[EpisodeStart], batch: int) -> t
 
 def main(args) -> int:
     torch.set_grad_enabled(False)
-    policy, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=args.load_dir, trainable=False,
+    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir, trainable=False,
                                                        shrink_head=True)
-    reflector, reflect_tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=args.reflect_load_dir,
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.reflect_load_dir,
                                                                   trainable=False)
     rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     play(rollout, [EpisodeStart(seed=499, options={"curriculum": "full"})], 1)  # warm-up, not timed

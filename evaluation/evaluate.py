@@ -29,7 +29,8 @@ import numpy as np
 import yaml
 from tqdm.auto import tqdm
 
-import utils
+import checkpoints
+import models
 from envs import env_kwargs, make_env
 from envs.curriculum import load_auto_explore_tasks, task_depth
 from envs.taxi import CURRICULA as TAXI_LEVELS
@@ -78,11 +79,11 @@ def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
 
 
 def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> list:
-    policy, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=config.get("load_dir"), trainable=False,
+    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=config.get("load_dir"), trainable=False,
                                                        shrink_head=args.shrink_head)
     reflector, reflect_tokenizer = None, None
     if config.get("reflect_load_dir"):
-        reflector, reflect_tokenizer = utils.load_model_and_tokenizer(
+        reflector, reflect_tokenizer = models.load_model_and_tokenizer(
             args, model_name=args.reflect_model_name, adapter_dir=config["reflect_load_dir"], trainable=False)
     rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
@@ -132,7 +133,7 @@ def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "
 
 def run(args, eval_load_list: list[dict]) -> tuple[Path, list[dict]]:
     configs = load_configs(args, eval_load_list)
-    run_dir = utils.make_run_dir(args, SCRIPT)
+    run_dir = checkpoints.make_run_dir(args, SCRIPT)
     envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
             for _ in range(args.per_device_eval_batch_size)]
     try:

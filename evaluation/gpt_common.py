@@ -1,6 +1,6 @@
 """What the two API-model evaluations share: episodes, play, summary, files."""
 
-import utils
+import checkpoints
 from data_gen.llm import make_client
 from envs import env_kwargs, make_env
 from evaluation.evaluate import save_results, summarise, test_episodes
@@ -11,7 +11,7 @@ def run_gpt_evaluation(args, script: str) -> int:
     if args.api == "oracle":
         raise ValueError("--api: evaluating a model needs --api openai, azure or local (oracle is a data writer)")
     client = make_client(args)
-    run_dir = utils.make_run_dir(args, script)
+    run_dir = checkpoints.make_run_dir(args, script)
     env = make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
     try:
         starts = test_episodes(args, env)

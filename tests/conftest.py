@@ -37,9 +37,9 @@ def tiny_path() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
-    import utils
+    import models
 
-    return utils.load_tokenizer("tiny-gpt2")
+    return models.load_tokenizer("tiny-gpt2")
 
 
 def snapshot(folder: Path) -> dict:

@@ -6,7 +6,8 @@ import pytest
 import torch
 import yaml
 
-import utils
+import metrics
+import models
 from evaluation import auto_explore_gpt, evaluate, evaluate_gpt
 from evaluation.gpt_agent import parse_choice
 from tests.openai_server import OpenAIServer
@@ -14,7 +15,7 @@ from visualization import plot
 
 
 def _adapter(make_args, path, seed):
-    model, _ = utils.load_model_and_tokenizer(make_args())
+    model, _ = models.load_model_and_tokenizer(make_args())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -139,7 +140,7 @@ def test_oracle_api_is_refused(make_args):
 
 def test_plot_overlays_runs(tmp_path):
     for name, slope in (("a", 0.01), ("b", 0.02)):
-        logger = utils.MetricLogger(tmp_path / name, tensorboard=False)
+        logger = metrics.MetricLogger(tmp_path / name, tensorboard=False)
         for step in range(1, 31):
             logger.log(step, {"success": min(1.0, slope * step), "cost": 1 - slope * step, "loss": 1 / step})
         logger.close()

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import rl_finetune
-from utils import run_dirs
+from checkpoints import run_dirs
 
 GOLDEN = Path(__file__).parent / "golden" / "learner_runs.json"
 COMMON = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=3,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import utils
+import checkpoints
 from tests.conftest import REPO, SHARED
 from tests.openai_server import OpenAIServer
 
@@ -70,7 +70,7 @@ def _target(argv: list[str]) -> str:
 
 
 def _latest(folder: Path, script: str) -> Path:
-    runs = utils.run_dirs(folder, script)
+    runs = checkpoints.run_dirs(folder, script)
     assert runs, f"no {script} run in {folder}"
     return runs[-1]
 

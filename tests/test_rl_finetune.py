@@ -6,15 +6,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import checkpoints
+import metrics
+import models
 import rl_finetune
-import utils
 
 FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=True, per_device_eval_batch_size=4,
             per_device_train_batch_size=8, learning_rate=1e-3, replay_batch_size=2)
 
 
 def _runs(tmp_path):
-    return utils.run_dirs(tmp_path / "results", "rl_finetune")
+    return checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
 
 
 def _adapter(checkpoint):
@@ -28,7 +30,7 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     args = make_args(**{**FAST, **extra, "trainer": trainer, "max_steps": 3, "save_steps": 2})
     assert rl_finetune.main(args) == 0
     (run,) = _runs(tmp_path)
-    records = utils.read_metrics(run)
+    records = metrics.read_metrics(run)
     assert [r["step"] for r in records] == [1, 2, 3]
     for key in ("success", "cost", "loss", "entropy", "episode_length", "tokens", "seconds", "level", "nan_skips"):
         assert key in records[0], key
@@ -37,11 +39,11 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     checkpoint = run / "checkpoint-2"
     weights = ("adapter_model.safetensors", "adapter_config.json") if extra.get("use_peft", True) else \
         ("model.safetensors", "config.json")  # --no_use_peft saves the whole model
-    for name in (*weights, "tokenizer.json", utils.SETTINGS_FILE, utils.TRAINER_STATE_FILE, "episodes.jsonl"):
+    for name in (*weights, "tokenizer.json", checkpoints.SETTINGS_FILE, checkpoints.TRAINER_STATE_FILE, "episodes.jsonl"):
         assert (checkpoint / name).is_file(), name
     episodes = [json.loads(line) for line in (checkpoint / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 * 4 and {e["iteration"] for e in episodes} == {1, 2}
-    state = torch.load(checkpoint / utils.TRAINER_STATE_FILE, weights_only=True)
+    state = torch.load(checkpoint / checkpoints.TRAINER_STATE_FILE, weights_only=True)
     assert state["step"] == 2 and state["optimizer"]["state"]
     assert (state["state"]["ranks"][0]["critic"] is not None) == (extra.get("baseline") == "critic")
     if trainer == "refuel":
@@ -61,11 +63,11 @@ def test_resume_is_exact(make_args, tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert not torch.equal(a[next(iter(a))], _adapter(straight / "checkpoint-2")[next(iter(a))])
-    straight_log, resumed_log = utils.read_metrics(straight), utils.read_metrics(resumed)
+    straight_log, resumed_log = metrics.read_metrics(straight), metrics.read_metrics(resumed)
     assert [r["step"] for r in resumed_log] == [1, 2, 3, 4]
     for x, y in zip(straight_log, resumed_log):
         assert x["success"] == y["success"] and x["loss"] == pytest.approx(y["loss"], abs=1e-6)
-    replay = torch.load(straight / "checkpoint-4" / utils.TRAINER_STATE_FILE, weights_only=True)
+    replay = torch.load(straight / "checkpoint-4" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
     assert replay["state"]["ranks"][0]["replay"]["episodes"], "the test should exercise the replay buffer"
 
 
@@ -79,14 +81,14 @@ def test_nan_loss_skips_the_update(make_args, tmp_path, monkeypatch):
     monkeypatch.setattr(rl_finetune, "train_pg", poisoned)
     assert rl_finetune.main(make_args(**FAST, max_steps=2, save_steps=2)) == 0
     (run,) = _runs(tmp_path)
-    assert [r["nan_skips"] for r in utils.read_metrics(run)] == [1, 2]
+    assert [r["nan_skips"] for r in metrics.read_metrics(run)] == [1, 2]
     adapter = _adapter(run / "checkpoint-2")
     assert all(torch.count_nonzero(v) == 0 for k, v in adapter.items() if "lora_B" in k)  # never updated
 
 
 def test_rl_from_an_sft_adapter_with_a_frozen_reflector(make_args, tmp_path):
     args = make_args()
-    model, tokenizer = utils.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(args)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -119,12 +121,12 @@ def test_two_processes_roll_out_different_episodes_and_stay_in_sync(tmp_path):
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = _runs(tmp_path)  # only rank 0 writes
-    state = torch.load(run / "checkpoint-2" / utils.TRAINER_STATE_FILE, weights_only=True)
+    state = torch.load(run / "checkpoint-2" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
     ranks = state["state"]["ranks"]
     assert len(ranks) == 2 and ranks[0]["rng"] != ranks[1]["rng"]
     episodes = [json.loads(x) for x in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 * 2 * 3 and len({e["seed"] for e in episodes}) == 12
-    assert len(utils.read_metrics(run)) == 2
+    assert len(metrics.read_metrics(run)) == 2
 
 
 def test_resume_with_other_settings_is_refused(make_args, tmp_path):

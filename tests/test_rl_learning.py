@@ -6,8 +6,8 @@ Fixed seeds throughout; the assertion is a margin on held-out episodes, not a ti
 import numpy as np
 import pytest
 
+import models
 import rl_finetune
-import utils
 from envs import make_env
 from rollout import EpisodeStart, TwoPlayerRollout
 
@@ -15,7 +15,7 @@ HELD_OUT = [10**6 + i for i in range(64)]
 
 
 def _success(args, adapter_dir) -> float:
-    policy, tokenizer = utils.load_model_and_tokenizer(args, adapter_dir=str(adapter_dir), trainable=False,
+    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=str(adapter_dir), trainable=False,
                                                        shrink_head=True)
     rollout = TwoPlayerRollout(policy, tokenizer)
     envs = [make_env("taxi", first_step=True) for _ in HELD_OUT]
@@ -28,7 +28,7 @@ def test_rl_raises_the_success_rate(make_args, tmp_path):
     args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=True, shrink_head=True,
                      baseline="mean", per_device_eval_batch_size=16, per_device_train_batch_size=32,
                      learning_rate=3e-3, max_steps=40, save_steps=40)
-    start, _ = utils.load_model_and_tokenizer(args)  # the same fresh LoRA that RL starts from
+    start, _ = models.load_model_and_tokenizer(args)  # the same fresh LoRA that RL starts from
     start.save_pretrained(tmp_path / "start")
     assert rl_finetune.main(args) == 0
     (run,) = (tmp_path / "results").glob("*_rl_finetune")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import utils
+import models
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt
 from rollout import LABEL_INDEX, Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
@@ -19,13 +19,13 @@ def players():
 
     args = ScriptArguments(model_name="tiny-gpt2")
     torch.manual_seed(0)
-    policy, tokenizer = utils.load_model_and_tokenizer(args, shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
     with torch.no_grad():  # a non-trivial adapter, so the policy is not uniform
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(std=0.2)
     policy.eval()
-    reflector, reflect_tokenizer = utils.load_model_and_tokenizer(args, trainable=False)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, trainable=False)
     return policy, tokenizer, reflector, reflect_tokenizer
 
 
@@ -105,7 +105,7 @@ def test_full_head_gives_the_same_label_distribution(players):
     prompt = policy_prompt(obs, env.action_head)
     with torch.no_grad():
         shrunk, *_ = scorer.logprobs([prompt], [valid])
-        with utils.full_head(policy):
+        with models.full_head(policy):
             full, *_ = scorer.logprobs([prompt], [valid])
     torch.testing.assert_close(shrunk, full)
 
@@ -177,7 +177,7 @@ def test_saycan_scores_with_and_without_the_cache_agree(players):
     env = make_env("taxi")
     obs, info = env.reset(seed=4)
     state = obs.split(env.action_head)[0] + ACTION_MARKER
-    with utils.full_head(policy):
+    with models.full_head(policy):
         plain, cached = SayCanScorer(policy, tokenizer, cache=False), SayCanScorer(policy, tokenizer, cache=True)
         uncached_scores = plain.scores(state, info["actions"])
         cached_scores = cached.scores(state, info["actions"])

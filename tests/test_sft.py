@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
+import checkpoints
+import metrics
+import models
 import supervised_pretrain as sft
-import utils
 from prompts import ACTION_MARKER, ANALYZE_MARKER, policy_sft_text, reflection_sft_text
 
 HEAD = "The actions you can take now is:"
@@ -71,13 +73,13 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_adapter(make_args, tmp_p
                      logging_steps=5, learning_rate=3e-3, per_device_train_batch_size=8)
     assert sft.main(args) == 0
     (run_dir,) = (tmp_path / "results").glob("*_supervised_pretrain")
-    losses = [r["loss"] for r in utils.read_metrics(run_dir) if "loss" in r]
+    losses = [r["loss"] for r in metrics.read_metrics(run_dir) if "loss" in r]
     assert len(losses) == 6 and losses[-1] < 0.5 * losses[0]
     checkpoint = run_dir / "checkpoint-30"
-    assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / utils.SETTINGS_FILE).is_file()
-    assert (run_dir / "checkpoint-15" / utils.SETTINGS_FILE).is_file()
-    tuned, tokenizer = utils.load_model_and_tokenizer(make_args(), adapter_dir=str(checkpoint), trainable=False)
-    base, _ = utils.load_model_and_tokenizer(make_args(), trainable=False)
+    assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / checkpoints.SETTINGS_FILE).is_file()
+    assert (run_dir / "checkpoint-15" / checkpoints.SETTINGS_FILE).is_file()
+    tuned, tokenizer = models.load_model_and_tokenizer(make_args(), adapter_dir=str(checkpoint), trainable=False)
+    base, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
     batch = tokenizer([texts[1][:-1]], return_tensors="pt")
     labels = [tokenizer.convert_tokens_to_ids(label) for label in "012"]
     with torch.no_grad():

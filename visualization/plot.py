@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-import utils  # noqa: E402
+import metrics  # noqa: E402
 from experiment_args import parse_args  # noqa: E402
 
 PANELS = (("success", "success rate"), ("cost", "cost per episode"), ("loss", "loss"))
@@ -46,7 +46,7 @@ def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None =
     figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8), constrained_layout=True)
     for entry in expdirs:
         name, path = parse_expdir(entry)
-        records = utils.read_metrics(path)
+        records = metrics.read_metrics(path)
         for axis, (key, _) in zip(axes, PANELS):
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
             if not points:

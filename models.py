@@ -1,27 +1,18 @@
-"""Small shared helpers: seeding, THE model/tokenizer loader, the shrunk label head,
-run directories, checkpoints and metric logging.
+"""THE model/tokenizer loader of every script, and the shrunk label head.
 
-Every script loads models through :func:`load_model_and_tokenizer` and saves and
-restores training state through :func:`save_checkpoint` / :func:`load_checkpoint`;
-there is no other path.
+Every script loads models through :func:`load_model_and_tokenizer`; there is no other
+path. The policy may replace its LM head by a :class:`LabelHead` over the choice-label
+tokens (``--shrink_head``); :func:`full_head` switches back for generation and saving.
 """
 
 import contextlib
-import fcntl
-import json
 import logging
 import os
-import random
-import re
-import shutil
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import yaml
 from torch import nn
 
 from prompts import label_token_ids
@@ -29,45 +20,6 @@ from prompts import label_token_ids
 logger = logging.getLogger(__name__)
 
 TINY_MODEL = "tiny-gpt2"
-SETTINGS_FILE = "setting.yml"
-TRAINER_STATE_FILE = "trainer_state.pt"
-
-
-# --- seeding --------------------------------------------------------------------------
-
-def set_seed(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA) for a run's entry point."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
-
-
-def rng_state() -> dict:
-    """The global generators' states, in a form ``torch.load(weights_only=True)`` accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": _to_lists(random.getstate()),
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _to_lists(value):
-    return [_to_lists(v) for v in value] if isinstance(value, tuple) else value
 
 
 # --- devices and precision ----------------------------------------------------------------
@@ -196,12 +148,6 @@ def _quiet_peft():
         yield
 
 
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, sum(p.numel() for p in model.parameters())
-
-
 # --- the shrunk label head ---------------------------------------------------------------
 
 class LabelHead(nn.Module):
@@ -270,165 +216,3 @@ def full_head(model: nn.Module):
     finally:
         base.set_output_embeddings(shrunk)
 
-
-# --- run directories and settings -----------------------------------------------------------
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-_RUN_DIR = re.compile(r"(\d+)_(.+)")  # <id>_<script>
-
-
-def run_dirs(root: str | Path, script: str | None = None) -> list[Path]:
-    """The run directories under ``root`` (of ``script`` only, if given), in id order."""
-    root = Path(root)
-    found = [(int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
-             if (m := _RUN_DIR.fullmatch(p.name)) and script in (None, m.group(2))]
-    return [path for _, path in sorted(found)]
-
-
-def make_run_dir(args, script: str) -> Path:
-    """Create ``<ckpt_path>/<id>_<script>/`` with the next free numeric id and save its settings.
-
-    Ids are unique across scripts and safe when several runs start at once.
-    """
-    root = Path(args.ckpt_path)
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".run_id.lock"):
-        runs = run_dirs(root)
-        last = int(_RUN_DIR.fullmatch(runs[-1].name).group(1)) if runs else 0
-        run_dir = root / f"{last + 1}_{script}"
-        run_dir.mkdir()
-    save_settings(run_dir, args)
-    return run_dir
-
-
-def save_settings(directory: Path, args) -> None:
-    """Write ``setting.yml``: the run's arguments, usable again as ``--config``."""
-    header = "# " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) + "\n"
-    settings = {k: v for k, v in args.to_dict().items() if k != "config"}
-    _write_atomic(Path(directory) / SETTINGS_FILE, header + yaml.safe_dump(settings, sort_keys=False))
-
-
-def load_settings(directory: str | Path) -> dict:
-    path = Path(directory) / SETTINGS_FILE
-    if not path.is_file():
-        raise ValueError(f"{directory!r} has no {SETTINGS_FILE}")
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-# --- checkpoints -------------------------------------------------------------------------------
-
-def save_checkpoint(
-    directory: str | Path,
-    *,
-    model: nn.Module,
-    tokenizer,
-    args,
-    step: int,
-    optimizer: torch.optim.Optimizer | None = None,
-    state: dict | None = None,
-    files: dict[str, str] | None = None,
-) -> Path:
-    """Save adapter (or model), tokenizer, settings, optimiser, RNG states, step and ``state``
-    (plus any text ``files`` by name, e.g. episode logs).
-
-    Written into a scratch folder and renamed into place, so a crash never leaves a
-    half-written checkpoint behind.
-    """
-    directory = Path(directory)
-    scratch = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    with full_head(model):
-        model.save_pretrained(scratch)
-    tokenizer.save_pretrained(scratch)
-    save_settings(scratch, args)
-    payload = {
-        "step": step,
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "rng": rng_state(),
-        "state": state or {},
-    }
-    torch.save(payload, scratch / TRAINER_STATE_FILE)
-    for name, text in (files or {}).items():
-        (scratch / name).write_text(text, encoding="utf-8")
-    if directory.exists():
-        old = directory.with_name(f".{directory.name}.old{os.getpid()}")
-        os.rename(directory, old)
-        os.rename(scratch, directory)
-        shutil.rmtree(old)
-    else:
-        os.rename(scratch, directory)
-    return directory
-
-
-def load_checkpoint(
-    directory: str | Path,
-    optimizer: torch.optim.Optimizer | None = None,
-    restore_rng: bool = True,
-) -> dict:
-    """Restore optimiser and RNG states saved by :func:`save_checkpoint`; return
-    ``{"step": ..., "state": ...}``. The adapter itself is loaded by the loader."""
-    path = Path(directory) / TRAINER_STATE_FILE
-    if not path.is_file():
-        raise ValueError(f"{directory!r} is not a training checkpoint (no {TRAINER_STATE_FILE})")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if optimizer is not None:
-        if payload["optimizer"] is None:
-            raise ValueError(f"{path} holds no optimiser state")
-        optimizer.load_state_dict(payload["optimizer"])
-    if restore_rng:
-        set_rng_state(payload["rng"])
-    return {"step": payload["step"], "state": payload["state"]}
-
-
-# --- metric logging ------------------------------------------------------------------------------
-
-class MetricLogger:
-    """Append metrics to ``<run_dir>/metrics.jsonl`` and to TensorBoard (``<run_dir>/tb``)."""
-
-    FILE = "metrics.jsonl"
-
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        self.path = Path(run_dir) / self.FILE
-        self._writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **metrics}
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / MetricLogger.FILE
-    if not path.is_file():
-        raise ValueError(f"{run_dir!r} has no {MetricLogger.FILE}")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import utils
+import checkpoints
+import metrics
+import models
+import seeding
 from experiment_args import parse_args
 from prompts import LABELS, label_token_ids, policy_prompt
 
@@ -19,45 +22,50 @@ PROMPTS = [
 ]
 
 
+def _count(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), sum(p.numel() for p in model.parameters())
+
+
 def _batch(tokenizer):
     return tokenizer(PROMPTS, return_tensors="pt", padding=True)
 
 
 def test_new_lora_adapter_trains_only_lora(make_args):
-    model, tokenizer = utils.load_model_and_tokenizer(make_args(peft_lora_r=8))
+    model, tokenizer = models.load_model_and_tokenizer(make_args(peft_lora_r=8))
     config = model.get_base_model().config
     # GPT-2's default LoRA target is c_attn: (n_embd -> 3 n_embd) per layer, r (in + out) weights.
     expected = config.n_layer * 8 * (config.n_embd + 3 * config.n_embd)
-    trainable, total = utils.count_parameters(model)
+    trainable, total = _count(model)
     assert trainable == expected and total > trainable
     assert all("lora_" in name for name, p in model.named_parameters() if p.requires_grad)
 
 
 def test_shrunk_head_equals_full_head_at_label_tokens(make_args):
-    model, tokenizer = utils.load_model_and_tokenizer(make_args())
+    model, tokenizer = models.load_model_and_tokenizer(make_args())
     batch = _batch(tokenizer)
     with torch.no_grad():
         full = model(**batch).logits[:, -1]
-    head = utils.shrink_lm_head(model, label_token_ids(tokenizer))
-    assert utils.label_head(model) is head and len(head.token_ids) == len(LABELS)
+    head = models.shrink_lm_head(model, label_token_ids(tokenizer))
+    assert models.label_head(model) is head and len(head.token_ids) == len(LABELS)
     with torch.no_grad():
         shrunk = model(**batch).logits[:, -1]
     assert shrunk.shape == (2, len(LABELS))
     torch.testing.assert_close(shrunk, full[:, head.token_ids])
     assert not any(p.requires_grad for p in head.parameters())
-    with utils.full_head(model), torch.no_grad():
+    with models.full_head(model), torch.no_grad():
         torch.testing.assert_close(model(**batch).logits[:, -1], full)
-    assert utils.label_head(model) is head
+    assert models.label_head(model) is head
 
 
 def test_loader_shrinks_on_request(make_args):
-    model, _ = utils.load_model_and_tokenizer(make_args(), shrink_head=True)
-    assert utils.label_head(model) is not None
+    model, _ = models.load_model_and_tokenizer(make_args(), shrink_head=True)
+    assert models.label_head(model) is not None
 
 
 def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
     args = make_args()
-    model, tokenizer = utils.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(args)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -68,10 +76,10 @@ def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
     with torch.no_grad():
         expected = model(**batch).logits
 
-    trained, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"))
-    frozen, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"), trainable=False)
-    assert utils.count_parameters(trained)[0] == utils.count_parameters(model)[0]
-    assert utils.count_parameters(frozen)[0] == 0 and not frozen.training
+    trained, _ = models.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"))
+    frozen, _ = models.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"), trainable=False)
+    assert _count(trained)[0] == _count(model)[0]
+    assert _count(frozen)[0] == 0 and not frozen.training
     trained.eval()
     with torch.no_grad():
         torch.testing.assert_close(trained(**batch).logits, expected)
@@ -79,40 +87,40 @@ def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
 
 
 def test_frozen_base_model_without_adapter(make_args):
-    model, _ = utils.load_model_and_tokenizer(make_args(), trainable=False)
-    assert utils.count_parameters(model)[0] == 0
+    model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    assert _count(model)[0] == 0
 
 
 def test_not_an_adapter_dir_is_named(make_args, tmp_path):
     with pytest.raises(ValueError, match="neither an adapter directory"):
-        utils.load_model_and_tokenizer(make_args(), adapter_dir=str(tmp_path))
+        models.load_model_and_tokenizer(make_args(), adapter_dir=str(tmp_path))
 
 
 def test_run_dirs_get_unique_increasing_ids(make_args, tmp_path):
     args = make_args()
     with ThreadPoolExecutor(8) as pool:
-        dirs = list(pool.map(lambda i: utils.make_run_dir(args, "rl_finetune" if i % 2 else "sft"), range(16)))
+        dirs = list(pool.map(lambda i: checkpoints.make_run_dir(args, "rl_finetune" if i % 2 else "sft"), range(16)))
     ids = sorted(int(d.name.split("_")[0]) for d in dirs)
     assert ids == list(range(1, 17))
-    assert all((d / utils.SETTINGS_FILE).is_file() for d in dirs)
-    assert utils.make_run_dir(args, "x").name == "17_x"
-    rl_runs = utils.run_dirs(tmp_path / "results", "rl_finetune")
+    assert all((d / checkpoints.SETTINGS_FILE).is_file() for d in dirs)
+    assert checkpoints.make_run_dir(args, "x").name == "17_x"
+    rl_runs = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
     rl_ids = [int(d.name.split("_")[0]) for d in rl_runs]
     assert len(rl_runs) == 8 and rl_ids == sorted(rl_ids) and all(d.name.endswith("_rl_finetune") for d in rl_runs)
-    assert [d.name.split("_")[0] for d in utils.run_dirs(tmp_path / "results")] == [str(i) for i in range(1, 18)]
+    assert [d.name.split("_")[0] for d in checkpoints.run_dirs(tmp_path / "results")] == [str(i) for i in range(1, 18)]
 
 
 def test_settings_replay_as_config(make_args):
     args = make_args(learning_rate=1e-3, shrink_head=True, env="taxi", lora_target_modules=["c_attn"])
-    run_dir = utils.make_run_dir(args, "sft")
-    again = parse_args([f"--config={run_dir / utils.SETTINGS_FILE}"])
+    run_dir = checkpoints.make_run_dir(args, "sft")
+    again = parse_args([f"--config={run_dir / checkpoints.SETTINGS_FILE}"])
     assert again.to_dict() == {**args.to_dict(), "config": again.config}
 
 
 def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp_path):
     args = make_args(seed=3)
-    utils.set_seed(args.seed)
-    model, tokenizer = utils.load_model_and_tokenizer(args, shrink_head=True)
+    seeding.set_seed(args.seed)
+    model, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     batch = _batch(tokenizer)
     for _ in range(2):
@@ -121,14 +129,14 @@ def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp
         optimizer.step()
     generator = np.random.default_rng(7)
     generator.random(3)
-    ckpt = utils.save_checkpoint(tmp_path / "checkpoint-2", model=model, tokenizer=tokenizer, args=args, step=2,
+    ckpt = checkpoints.save_checkpoint(tmp_path / "checkpoint-2", model=model, tokenizer=tokenizer, args=args, step=2,
                                  optimizer=optimizer, state={"generator": generator.bit_generator.state,
                                                              "buffer": [{"labels": ["1", "a"], "cost": -0.5}]})
     draws = (random.random(), np.random.rand(), torch.rand(2), generator.random())
 
-    model2, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(ckpt), shrink_head=True)
+    model2, _ = models.load_model_and_tokenizer(args, adapter_dir=str(ckpt), shrink_head=True)
     optimizer2 = torch.optim.Adam([p for p in model2.parameters() if p.requires_grad], lr=1e-2)
-    restored = utils.load_checkpoint(ckpt, optimizer2)
+    restored = checkpoints.load_checkpoint(ckpt, optimizer2)
     generator2 = np.random.default_rng()
     generator2.bit_generator.state = restored["state"]["generator"]
     assert restored["step"] == 2 and restored["state"]["buffer"][0]["labels"] == ["1", "a"]
@@ -139,26 +147,26 @@ def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp
     model.eval(), model2.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(**batch).logits, model2(**batch).logits)
-    assert (ckpt / "adapter_config.json").is_file() and (ckpt / utils.SETTINGS_FILE).is_file()
+    assert (ckpt / "adapter_config.json").is_file() and (ckpt / checkpoints.SETTINGS_FILE).is_file()
 
 
 def test_checkpoint_overwrite_and_bad_dir(make_args, tmp_path):
     args = make_args()
-    model, tokenizer = utils.load_model_and_tokenizer(args)
-    utils.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=1)
-    utils.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=5)
-    assert utils.load_checkpoint(tmp_path / "c")["step"] == 5
+    model, tokenizer = models.load_model_and_tokenizer(args)
+    checkpoints.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=1)
+    checkpoints.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=5)
+    assert checkpoints.load_checkpoint(tmp_path / "c")["step"] == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
     with pytest.raises(ValueError, match="not a training checkpoint"):
-        utils.load_checkpoint(tmp_path)
+        checkpoints.load_checkpoint(tmp_path)
 
 
 def test_metric_logger_writes_jsonl_and_tensorboard(tmp_path):
-    logger = utils.MetricLogger(tmp_path)
+    logger = metrics.MetricLogger(tmp_path)
     logger.log(1, {"success": 0.5, "loss": 1.25, "stage": "pickup"})
     logger.log(2, {"success": 0.75, "loss": 1.0, "stage": "pickup"})
     logger.close()
-    records = utils.read_metrics(tmp_path)
+    records = metrics.read_metrics(tmp_path)
     assert records == [{"step": 1, "success": 0.5, "loss": 1.25, "stage": "pickup"},
                        {"step": 2, "success": 0.75, "loss": 1.0, "stage": "pickup"}]
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
@@ -173,8 +181,8 @@ def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path
     """--no_use_peft trains every weight; the label head keeps the tied matrix frozen so a
     saved and reloaded model scores labels exactly as in training."""
     args = make_args(use_peft=False)
-    model, tokenizer = utils.load_model_and_tokenizer(args, shrink_head=True)
-    trainable, total = utils.count_parameters(model)
+    model, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    trainable, total = _count(model)
     embedding = model.get_input_embeddings().weight
     assert not embedding.requires_grad and trainable == total - embedding.numel()
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
@@ -186,8 +194,8 @@ def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path
         optimizer.step()
     with torch.no_grad():
         expected = model(**batch).logits
-    checkpoint = utils.save_checkpoint(tmp_path / "ckpt", model=model, tokenizer=tokenizer, args=args, step=3)
+    checkpoint = checkpoints.save_checkpoint(tmp_path / "ckpt", model=model, tokenizer=tokenizer, args=args, step=3)
     assert (checkpoint / "config.json").is_file() and not (checkpoint / "adapter_config.json").exists()
-    again, _ = utils.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=False, shrink_head=True)
+    again, _ = models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=False, shrink_head=True)
     with torch.no_grad():
         torch.testing.assert_close(again(**batch).logits, expected)
