@@ -23,6 +23,7 @@ import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
 import rl_finetune
 import supervised_pretrain
+from envs.taxi import CURRICULA as TAXI_LEVELS
 from evaluation import evaluate
 from experiment_args import parse_args
 from visualization import plot
@@ -43,7 +44,8 @@ SEED = 0
 # 1.0 and crashing only 0.5, so RL learns to crash early; at 10 both cost 0.5.
 HORIZON = 10
 
-TASK = ["--env=taxi", "--taxi_curriculum", "--curriculum_index=0", f"--horizon={HORIZON}"]  # pickup
+LEVEL = 0  # pickup
+TASK = ["--env=taxi", "--taxi_curriculum", f"--curriculum_index={LEVEL}", f"--horizon={HORIZON}"]
 
 
 def say(message: str) -> None:
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     def evaluate_all():
         eval_args = parse_args([*model, *TASK, "--shrink_head", f"--eval_reps={EVAL_EPISODES}",
                                 "--per_device_eval_batch_size=50"])
-        results.extend(evaluate.run(eval_args, configs)[1])
+        results.extend(evaluate.run(eval_args, configs).results)
     timed("evaluation", evaluate_all)
 
     # --- 5. table and plot
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 def paper_table(results: list[dict]) -> str:
     lines = ["| model / method | Taxi pickup success (± 95% interval) | avg cost | episodes |", "|---|---:|---:|---:|"]
     for result in results:
-        figure = result["levels"]["pickup"]
+        figure = result["levels"][TAXI_LEVELS[LEVEL]]
         p, n = figure["success"], figure["episodes"]
         half = 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")  # normal approximation
         lines.append(f"| {result['name']} | {100 * p:.1f}% ± {100 * half:.1f} | {figure['cost']:.3f} | {n} |")

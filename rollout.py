@@ -11,6 +11,11 @@ environments still running:
    restricted to the labels each environment shows; a label is sampled at the
    temperature, and its log-probability, the entropy and the prompt are kept.
 
+Each running episode is a :class:`Slot` (its env, how it started, its decisions so far,
+its current observation and reflection). An :class:`EpisodeStart` with ``replay`` replays
+an earlier episode's prefix first: that is how REFUEL (``rl_algorithms/refuel.py``)
+branches an episode at a chosen step.
+
 Prompts come from ``prompts.py`` (the builder SFT data uses), left-padded, and cut from
 the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 """
@@ -18,6 +23,7 @@ the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -40,7 +46,11 @@ class _UnpaddedGenerateWarning(logging.Filter):
         return "passing in an `attention_mask`" not in record.getMessage()
 
 
-logging.getLogger("transformers.modeling_utils").addFilter(_UnpaddedGenerateWarning())
+def _silence_unpadded_generate_warning() -> None:
+    """Install the filter once (by the first rollout, not at import)."""
+    hf_logger = logging.getLogger("transformers.modeling_utils")
+    if not any(isinstance(f, _UnpaddedGenerateWarning) for f in hf_logger.filters):
+        hf_logger.addFilter(_UnpaddedGenerateWarning())
 
 LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
 
@@ -104,15 +114,45 @@ class EpisodeStart:
 
 @dataclass
 class RolloutStats:
+    """Running totals of one rollout object (per process)."""
+
     policy_tokens: int = 0
     reflection_prompt_tokens: int = 0
     reflection_new_tokens: int = 0
-    truncated: int = 0
+    truncated: int = 0  # prompts cut from the left at max_seq_length
     decisions: int = 0
 
-    def add(self, other: "RolloutStats") -> None:
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of every prompt the two players read."""
+        return self.policy_tokens + self.reflection_prompt_tokens
+
+
+class Choice(NamedTuple):
+    """The policy's pick at one step."""
+
+    action: int  # index into prompts.LABELS
+    logprob: float  # at the temperature
+    entropy: float  # of the distribution over the valid labels
+
+
+@dataclass
+class LabelScores:
+    """What one batched policy forward pass gives."""
+
+    logprobs: torch.Tensor  # (B, len(LABELS)) log-probabilities at the temperature, -inf outside the valid labels
+    hidden: torch.Tensor | None  # (B, hidden) last hidden state at the action marker, if asked for
+    truncated: int  # prompts cut from the left at max_seq_length
+    tokens: int  # prompt tokens read
+
+
+@dataclass
+class Encoded:
+    """A left-padded batch of prompts (see :func:`encode_left`)."""
+
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, position_ids
+    truncated: int
+    tokens: int
 
 
 class PolicyScorer:
@@ -123,10 +163,10 @@ class PolicyScorer:
         self.max_seq_length, self.temperature = max_seq_length, temperature
         self.label_ids = torch.tensor(label_token_ids(tokenizer))
 
-    def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False):
-        """``(B, len(LABELS))`` log-probabilities (-inf outside ``valid``); plus stats and hidden states."""
-        batch, truncated, tokens = encode_left(self.tokenizer, prompts, self.max_seq_length, _device(self.policy))
-        out = self.policy(**batch, logits_to_keep=1, output_hidden_states=with_hidden)
+    def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False) -> LabelScores:
+        """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i."""
+        encoded = encode_left(self.tokenizer, prompts, self.max_seq_length, _device(self.policy))
+        out = self.policy(**encoded.inputs, logits_to_keep=1, output_hidden_states=with_hidden)
         logits = out.logits[:, -1, :].float()
         if models.label_head(self.policy) is None:
             logits = logits[:, self.label_ids.to(logits.device)]
@@ -135,15 +175,15 @@ class PolicyScorer:
             mask[row, indices] = True
         logp = torch.log_softmax((logits / self.temperature).masked_fill(~mask, float("-inf")), dim=-1)
         hidden = out.hidden_states[-1][:, -1, :].float() if with_hidden else None
-        return logp, hidden, truncated, tokens
+        return LabelScores(logp, hidden, encoded.truncated, encoded.tokens)
 
 
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def encode_left(tokenizer, prompts: list[str], max_length: int, device) -> tuple[dict, int, int]:
-    """Left-padded batch, each prompt cut from the left at ``max_length``; also (#truncated, #tokens)."""
+def encode_left(tokenizer, prompts: list[str], max_length: int, device) -> Encoded:
+    """Left-padded batch, each prompt cut from the left at ``max_length``."""
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     truncated = sum(len(x) > max_length for x in ids)
     ids = [x[-max_length:] for x in ids]
@@ -154,7 +194,7 @@ def encode_left(tokenizer, prompts: list[str], max_length: int, device) -> tuple
     # Left padding must not shift positions: each prompt's first real token is position 0.
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
-    return {k: v.to(device) for k, v in batch.items()}, truncated, int(attention.sum())
+    return Encoded({k: v.to(device) for k, v in batch.items()}, truncated, int(attention.sum()))
 
 
 def entropy_of(logp: torch.Tensor) -> torch.Tensor:
@@ -174,6 +214,7 @@ class TwoPlayerRollout:
         self.max_new_tokens = reflect_max_new_tokens
         self.greedy = greedy
         self.stats = RolloutStats()
+        _silence_unpadded_generate_warning()
         newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False)
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
 
@@ -191,9 +232,9 @@ class TwoPlayerRollout:
         """Reflections for ``prompts`` in one batched, seeded ``generate``."""
         if not prompts:
             return []
-        batch, truncated, tokens = encode_left(self.reflect_tokenizer, prompts,
-                                               self.scorer.max_seq_length - self.max_new_tokens,
-                                               _device(self.reflector))
+        encoded = encode_left(self.reflect_tokenizer, prompts, self.scorer.max_seq_length - self.max_new_tokens,
+                              _device(self.reflector))
+        batch = encoded.inputs
         config = GenerationConfig(
             do_sample=not self.greedy, temperature=self.temperature if not self.greedy else None,
             top_k=0 if not self.greedy else None, top_p=1.0 if not self.greedy else None,
@@ -206,28 +247,28 @@ class TwoPlayerRollout:
                 out = self.reflector.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                               generation_config=config)
         new = out[:, batch["input_ids"].shape[1]:]
-        self.stats.truncated += truncated
-        self.stats.reflection_prompt_tokens += tokens
+        self.stats.truncated += encoded.truncated
+        self.stats.reflection_prompt_tokens += encoded.tokens
         self.stats.reflection_new_tokens += int((new != self.reflect_tokenizer.pad_token_id).sum())
         texts = self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)
         return [clean_reflection(text) for text in texts]
 
     @torch.no_grad()
-    def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator) -> list[tuple[int, float, float]]:
-        """(label index, log-prob, entropy) per prompt, from one batched forward pass."""
+    def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator) -> list[Choice]:
+        """One sampled (or greedy) label per prompt, from one batched forward pass."""
         if not prompts:
             return []
-        logp, _, truncated, tokens = self.scorer.logprobs(prompts, valid)
-        self.stats.truncated += truncated
-        self.stats.policy_tokens += tokens
+        scores = self.scorer.logprobs(prompts, valid)
+        self.stats.truncated += scores.truncated
+        self.stats.policy_tokens += scores.tokens
         self.stats.decisions += len(prompts)
-        logp = logp.cpu()
+        logp = scores.logprobs.cpu()
         if self.greedy:
             actions = logp.argmax(-1)
         else:
             actions = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
         entropies = entropy_of(logp)
-        return [(int(a), float(logp[i, a]), float(entropies[i])) for i, a in enumerate(actions)]
+        return [Choice(int(a), float(logp[i, a]), float(entropies[i])) for i, a in enumerate(actions)]
 
     # --- episodes ---------------------------------------------------------------------------
 
@@ -235,121 +276,95 @@ class TwoPlayerRollout:
         """Play one episode per env from ``starts``; all randomness comes from ``rng``."""
         if len(envs) != len(starts):
             raise ValueError(f"{len(envs)} envs but {len(starts)} episode starts")
-        episodes, observations, infos = [], [], []
-        for env, start in zip(envs, starts):
-            obs, info = env.reset(seed=start.seed, options=start.options)
-            episodes.append(Episode(seed=start.seed, options=start.options, level=start.level))
-            observations.append(obs)
-            infos.append(info)
-        running = list(range(len(envs)))
+        slots = [Slot.begin(env, start) for env, start in zip(envs, starts)]
+        running = slots
         while running:
             step_seed = int(rng.integers(2**31 - 1))
             generator = torch.Generator().manual_seed(step_seed)
-            forced = [i for i in running if _replaying(starts[i], episodes[i])]
-            free = [i for i in running if i not in forced]
-            for i in running:
-                _check_replay(starts[i], episodes[i], observations[i])
-            reflections = self._reflections(envs, starts, episodes, observations, free, rng, step_seed)
-            prompts = [policy_prompt(observations[i], envs[i].action_head, reflections[i]) for i in free]
-            valid = {i: [LABEL_INDEX[label] for label in infos[i]["labels"]] for i in free}
-            chosen = dict(zip(free, self.act(prompts, [valid[i] for i in free], generator)))
-            for i, prompt in zip(free, prompts):
-                self._record(episodes[i], observations[i], prompt, valid[i], chosen[i], reflections[i], infos[i])
-            for i in forced:
-                replayed = starts[i].replay[len(episodes[i].decisions)]
-                episodes[i].decisions.append(dataclasses.replace(replayed))
-                chosen[i] = (replayed.action, replayed.logprob, replayed.entropy)
-            still = []
-            for i in running:
-                obs, reward, terminated, truncated, info = envs[i].step(LABELS[chosen[i][0]])
-                episodes[i].decisions[-1].reward = float(reward)
-                observations[i], infos[i] = obs, info
-                if terminated or truncated:
-                    episodes[i].success = bool(info["success"])
-                    episodes[i].cost = float(info["cost"])
-                else:
-                    still.append(i)
-            running = still
-        return episodes
+            for slot in running:
+                slot.check_replay()
+            free = [slot for slot in running if not slot.replaying]
+            self._reflect(free, rng, step_seed)
+            prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection) for slot in free]
+            valid = [[LABEL_INDEX[label] for label in slot.info["labels"]] for slot in free]
+            for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
+                slot.decide(prompt, labels, choice)
+            for slot in running:
+                if slot not in free:
+                    slot.replay_decision()
+                slot.advance()
+            running = [slot for slot in running if not slot.done]
+        return [slot.episode for slot in slots]
 
-    def _reflections(self, envs, starts, episodes, observations, free, rng, seed) -> dict[int, str | None]:
-        out: dict[int, str | None] = {}
+    def _reflect(self, slots: list["Slot"], rng: np.random.Generator, seed: int) -> None:
+        """Set each slot's reflection for this step: reused at a branch step, asked for with
+        probability ``reflect_prob`` (all asked at once), or none."""
         ask = []
-        for i in free:
-            if len(episodes[i].decisions) == starts[i].branch_step:
-                out[i] = starts[i].replay[-1].reflection  # the branch step sees the original reflection
+        for slot in slots:
+            if slot.at_branch:
+                slot.reflection = slot.start.replay[-1].reflection  # the branch step sees the original one
             elif self.reflector is not None and rng.random() < self.reflect_prob:
-                ask.append(i)
+                ask.append(slot)
             else:
-                out[i] = None
-        texts = self.reflect([reflection_prompt(observations[i], envs[i].action_head, envs[i].analyze_instruction)
-                              for i in ask], seed)
-        out.update(zip(ask, texts))
-        return out
-
-    @staticmethod
-    def _record(episode, obs, prompt, valid, chosen, reflection, info) -> None:
-        action, logprob, entropy = chosen
-        oracle = info.get("oracle_label")
-        episode.decisions.append(Decision(
-            obs=obs, prompt=prompt, valid=valid, action=action, logprob=logprob, entropy=entropy,
-            reflection=reflection, oracle=None if oracle is None else LABEL_INDEX[oracle]))
+                slot.reflection = None
+        texts = self.reflect([reflection_prompt(s.obs, s.env.action_head, s.env.analyze_instruction) for s in ask],
+                             seed)
+        for slot, text in zip(ask, texts):
+            slot.reflection = text
 
 
-def _replaying(start: EpisodeStart, episode: Episode) -> bool:
-    """Whether the episode is still in the replayed prefix (before the branch step)."""
-    return start.branch_step is not None and len(episode.decisions) < start.branch_step
+@dataclass(eq=False)  # slots are compared by identity
+class Slot:
+    """One running episode: its env, how it started, what it has decided, where it stands."""
 
+    env: TextEnv
+    start: EpisodeStart
+    episode: Episode
+    obs: str
+    info: dict
+    reflection: str | None = None  # the reflection shown at the current step
+    done: bool = False
 
-def _check_replay(start: EpisodeStart, episode: Episode, obs: str) -> None:
-    step = len(episode.decisions)
-    if start.branch_step is not None and step <= start.branch_step and start.replay[step].obs != obs:
-        raise RuntimeError(f"replay of the episode with seed {start.seed} diverged at step {step}: "
-                           "the environment did not reproduce the recorded state")
+    @classmethod
+    def begin(cls, env: TextEnv, start: EpisodeStart) -> "Slot":
+        obs, info = env.reset(seed=start.seed, options=start.options)
+        return cls(env, start, Episode(seed=start.seed, options=start.options, level=start.level), obs, info)
 
+    @property
+    def step(self) -> int:
+        return len(self.episode.decisions)
 
-class SayCanScorer:
-    """The baseline the paper compares against: score every action's text by its likelihood.
+    @property
+    def replaying(self) -> bool:
+        """Still in the replayed prefix of a branch (before its branch step)."""
+        return self.start.branch_step is not None and self.step < self.start.branch_step
 
-    For a state prompt ``s`` and actions ``a_1..a_n``, the score of ``a_i`` is
-    ``log p(a_i | s)`` summed over its tokens. Uncached, that is n forward passes over
-    ``s + a_i``; with ``cache=True`` the state is encoded once and its key/value cache is
-    shared by all actions (one batched pass over the action tokens). Single-prompt
-    enumeration (:class:`PolicyScorer`) needs one pass over ``s`` plus the listed actions.
-    """
+    @property
+    def at_branch(self) -> bool:
+        return self.step == self.start.branch_step
 
-    def __init__(self, model, tokenizer, cache: bool = True):
-        self.model, self.tokenizer, self.cache = model, tokenizer, cache
-        self.tokens = 0  # tokens passed through the model, for the cost comparison
+    def check_replay(self) -> None:
+        branch = self.start.branch_step
+        if branch is not None and self.step <= branch and self.start.replay[self.step].obs != self.obs:
+            raise RuntimeError(f"replay of the episode with seed {self.start.seed} diverged at step {self.step}: "
+                               "the environment did not reproduce the recorded state")
 
-    @torch.no_grad()
-    def scores(self, state: str, actions: list[str]) -> torch.Tensor:
-        device = _device(self.model)
-        state_ids = self.tokenizer(state, add_special_tokens=False)["input_ids"]
-        action_ids = [self.tokenizer(a, add_special_tokens=False)["input_ids"] for a in actions]
-        if not self.cache:
-            out = []
-            for ids in action_ids:
-                full = torch.tensor([state_ids + ids], device=device)
-                logits = self.model(full, attention_mask=torch.ones_like(full)).logits
-                logp = torch.log_softmax(logits[0, len(state_ids) - 1:-1].float(), -1)
-                out.append(logp.gather(1, torch.tensor(ids, device=device).unsqueeze(1)).sum())
-                self.tokens += full.shape[1]
-            return torch.stack(out)
-        state = torch.tensor([state_ids], device=device)
-        prefix = self.model(state, attention_mask=torch.ones_like(state), use_cache=True)
-        self.tokens += len(state_ids)
-        width = max(map(len, action_ids))
-        pad = self.tokenizer.pad_token_id
-        batch = torch.tensor([ids + [pad] * (width - len(ids)) for ids in action_ids], device=device)
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in action_ids], device=device)
-        cache = prefix.past_key_values
-        cache.batch_repeat_interleave(len(actions))
-        attention = torch.cat([torch.ones(len(actions), len(state_ids), dtype=mask.dtype, device=device), mask], 1)
-        positions = torch.arange(len(state_ids), len(state_ids) + width, device=device).expand(len(actions), -1)
-        logits = self.model(batch, past_key_values=cache, attention_mask=attention, position_ids=positions).logits
-        self.tokens += int(mask.sum())
-        # The first action token is predicted by the state's last position.
-        first = torch.log_softmax(prefix.logits[0, -1].float(), -1)[batch[:, 0]]
-        rest = torch.log_softmax(logits[:, :-1].float(), -1).gather(2, batch[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return first + (rest * mask[:, 1:]).sum(-1)
+    def decide(self, prompt: str, valid: list[int], choice: Choice) -> None:
+        oracle = self.info.get("oracle_label")
+        self.episode.decisions.append(Decision(
+            obs=self.obs, prompt=prompt, valid=valid, action=choice.action, logprob=choice.logprob,
+            entropy=choice.entropy,
+            reflection=self.reflection, oracle=None if oracle is None else LABEL_INDEX[oracle]))
+
+    def replay_decision(self) -> None:
+        self.episode.decisions.append(dataclasses.replace(self.start.replay[self.step]))
+
+    def advance(self) -> None:
+        """Play the last decision's label in the env."""
+        decision = self.episode.decisions[-1]
+        self.obs, reward, terminated, truncated, self.info = self.env.step(LABELS[decision.action])
+        decision.reward = float(reward)
+        if terminated or truncated:
+            self.done = True
+            self.episode.success = bool(self.info["success"])
+            self.episode.cost = float(self.info["cost"])

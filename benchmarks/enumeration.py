@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 import models
+from benchmarks.saycan import SayCanScorer
 from envs import make_env
 from experiment_args import parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
-from rollout import LABEL_INDEX, PolicyScorer, SayCanScorer
+from rollout import LABEL_INDEX, PolicyScorer
 
 SIZES = (6, 20, 50, 100)
 

@@ -17,9 +17,10 @@ import numpy as np
 
 from envs import make_env
 from envs.play import DEFAULT_PLAY_REPO, repo_task
-from experiment_args import REPO_ROOT, parse_args
+from experiment_args import parse_args
+from paths import SHARED_DIR
 
-FIXTURES = REPO_ROOT.parent / "shared" / "alfworld" / "fixtures"
+FIXTURES = SHARED_DIR / "alfworld" / "fixtures"
 
 
 def measure(env, options_for, episodes: int, seed: int) -> dict:

@@ -1,4 +1,4 @@
-"""Peak memory of one RL iteration (rollout with reflection, PG loss, update) per batch size.
+"""Peak memory of one RL iteration (rollout with reflection, the PG learner's update) per batch size.
 
     python -m benchmarks.rl_memory [--model_name tiny-gpt2] [--reflect_max_new_tokens 40]
 
@@ -16,37 +16,50 @@ BATCHES = (1, 8, 32)
 
 
 def _iteration(argv: list[str], batch: int, queue) -> None:
+    import functools
+
     import numpy as np
     import torch
+    from accelerate import Accelerator
 
     import models
     import rl_finetune
     from envs import make_env
+    from envs.curriculum import taxi_curriculum
     from experiment_args import parse_args
-    from rollout import TwoPlayerRollout
+    from rl_algorithms import LEARNERS
 
     args = parse_args([*argv, f"--per_device_eval_batch_size={batch}", "--env=taxi"])
-    policy, tokenizer, reflector, reflect_tokenizer = rl_finetune.load_players(args, args.load_dir)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate)
-    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
-    envs = [make_env("taxi", horizon=10) for _ in range(batch)]
-    from envs.curriculum import taxi_curriculum
-
+    rollout = rl_finetune.load_players(args, args.load_dir)
+    learner = LEARNERS["pg"](args, rollout.scorer, Accelerator(cpu=not torch.cuda.is_available()))
+    policy, reflector = rollout.scorer.policy, rollout.reflector
+    play = functools.partial(rollout.run, [make_env("taxi", horizon=10) for _ in range(batch)])
     curriculum = taxi_curriculum(1)
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    episodes = rollout.run(envs, rl_finetune.episode_starts(curriculum, 2, batch, rng), rng)
-    rl_finetune.train_pg(args, rollout.scorer, None, episodes, [])
-    optimizer.step()
+    episodes = play(rl_finetune.episode_starts(curriculum, 2, batch, rng), rng)
+    learner.update(episodes, play, rng)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline
     model_mib = sum(p.numel() * p.element_size() for m in (policy, reflector) for p in m.parameters()) / 2**20
     decisions = sum(len(e.decisions) for e in episodes)
     queue.put((batch, torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_kib / 1024, model_mib,
                decisions, models.device().type))
+
+
+def _result(queue, worker, batch: int):
+    """The worker's row; an error (not a hang) if the worker dies first."""
+    import queue as queues
+
+    while True:
+        try:
+            return queue.get(timeout=5)
+        except queues.Empty:
+            if not worker.is_alive():
+                raise RuntimeError(f"the worker for {batch} episodes exited with code {worker.exitcode} "
+                                   "before reporting (its traceback is above)") from None
 
 
 def main(argv: list[str]) -> int:
@@ -56,7 +69,7 @@ def main(argv: list[str]) -> int:
         queue = context.Queue()
         worker = context.Process(target=_iteration, args=(argv, batch, queue))
         worker.start()
-        rows.append(queue.get(timeout=1800))
+        rows.append(_result(queue, worker, batch))
         worker.join()
     device = rows[0][4]
     what = "peak allocated (CUDA)" if device == "cuda" else "peak RSS growth (CPU)"

@@ -18,6 +18,7 @@ import torch
 
 import models
 from envs import make_env
+from envs.taxi import FULL
 from experiment_args import parse_args
 from rollout import EpisodeStart, TwoPlayerRollout
 
@@ -46,10 +47,10 @@ def main(args) -> int:
     reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.reflect_load_dir,
                                                                   trainable=False)
     rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
-    play(rollout, [EpisodeStart(seed=499, options={"curriculum": "full"})], 1)  # warm-up, not timed
+    play(rollout, [EpisodeStart(seed=499, options={"curriculum": FULL})], 1)  # warm-up, not timed
     rows = []
     for batch in BATCHES:
-        starts = [EpisodeStart(seed=500 + i, options={"curriculum": "full"}) for i in range(batch)]
+        starts = [EpisodeStart(seed=500 + i, options={"curriculum": FULL}) for i in range(batch)]
         batched = play(rollout, starts, batch)
         sequential = play(rollout, starts, 1)
         rows.append((batch, batched, sequential))

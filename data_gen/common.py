@@ -20,11 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiment_args import REPO_ROOT
-
 logger = logging.getLogger(__name__)
-
-DATA_DIR = REPO_ROOT / "data"
 
 
 def item_rng(seed: int, *key: Any) -> np.random.Generator:

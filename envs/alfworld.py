@@ -23,225 +23,26 @@ is won, and the oracle is the next command of alfworld's expert (``handcoded`` o
 ``planner``). Randomness: the problem and the game's own seed (Python's ``random``, which
 picks the task sentence and drives the handcoded expert, seeded inside the worker) are
 drawn from ``self.np_random``.
+
+Problem discovery is in ``envs/alfworld_problems.py``, the env's end of the worker process
+in ``envs/alfworld_client.py``; this module holds the env itself and its block list.
 """
 
 import logging
-import multiprocessing
 import os
 import re
-import shutil
 import tempfile
 import weakref
-from multiprocessing.connection import wait
 from pathlib import Path
 
-from envs.alfworld_worker import serve
+from envs.alfworld_client import _GameFailure, _release, _Worker
+from envs.alfworld_problems import _as_trial, find_problems, resolve_data_root
 from envs.base import Outcome, TextEnv, rng_seed
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
-VALID_SPLITS = ("valid_seen", "valid_unseen", "valid_train")  # what split="valid" means
 EXPERTS = ("handcoded", "planner")
-TRIAL_FILES = ("traj_data.json", "initial_state.pddl")
-# Importing textworld and alfworld in a fresh worker takes 1-3 s; a game's timeout should
-# not be spent on it.
-STARTUP_TIMEOUT = 120.0
 _BANNER = re.compile(r"^\s*-=.*?=-\s*")
-
-
-# --- finding the problems ---------------------------------------------------------------
-
-
-def resolve_data_root(data_root: str | os.PathLike | None) -> Path:
-    """The data root from the argument, else ``$ALFWORLD_DATA``."""
-    value = data_root or os.environ.get("ALFWORLD_DATA")
-    if not value:
-        raise ValueError("no ALFWorld data root: pass --alfworld_data (data_root=...) or set ALFWORLD_DATA")
-    root = Path(value).expanduser()
-    if not root.is_dir():
-        raise ValueError(f"ALFWorld data root {root} (from --alfworld_data or ALFWORLD_DATA) is not a folder")
-    return root.resolve()
-
-
-def split_names(split: str) -> list[str]:
-    """``"valid"`` → the three valid_* splits; a comma-separated list → each of its names."""
-    names: list[str] = []
-    for name in (part.strip() for part in split.split(",")):
-        for expanded in VALID_SPLITS if name == "valid" else (name,):
-            if expanded and expanded not in names:
-                names.append(expanded)
-    if not names:
-        raise ValueError(f"empty ALFWorld split {split!r}; use one of {SPLITS}, 'valid' or a comma-separated list")
-    return names
-
-
-def find_problems(root: Path, split: str, task: str) -> list[Path]:
-    """Every trial folder of ``split`` whose task folder name starts with ``task``, sorted.
-
-    ``root`` may hold the split folders directly or inside ``json_2.1.1/``.
-    """
-    root = Path(root)
-    problems: set[Path] = set()
-    split_dirs = []
-    for name in split_names(split):
-        split_dir = root / name if (root / name).is_dir() else root / "json_2.1.1" / name
-        if not split_dir.is_dir():
-            if _holds_tasks(root, task) and not any((root / s).is_dir() for s in SPLITS):
-                # A folder of task folders with no split level (e.g. the hand-made fixtures).
-                logger.warning("%s has task folders but no split folders: playing them all (split %r ignored)",
-                               root, split)
-                split_dirs = [root]
-                break
-            raise ValueError(f"no ALFWorld split folder {name!r} in {root} (nor in {root / 'json_2.1.1'})")
-        split_dirs.append(split_dir)
-    for split_dir in split_dirs:
-        for task_dir in split_dir.iterdir():
-            if task_dir.is_dir() and task_dir.name.startswith(task):
-                problems.update(trial for trial in task_dir.iterdir() if is_trial(trial))
-    if not problems:
-        raise ValueError(f"no ALFWorld problem in {root} for split {split!r} and task {task!r} "
-                         f"(--alfworld_data, --alfworld_split, --alfworld_task)")
-    return sorted(problems)
-
-
-def _holds_tasks(root: Path, task: str) -> bool:
-    return any(d.is_dir() and d.name.startswith(task) and any(is_trial(t) for t in d.iterdir())
-               for d in root.iterdir())
-
-
-def is_trial(path: Path) -> bool:
-    return path.is_dir() and all((path / name).is_file() for name in TRIAL_FILES)
-
-
-def _as_trial(path: str | os.PathLike) -> Path:
-    trial = Path(path).expanduser().resolve()
-    if not is_trial(trial):
-        raise ValueError(f"{trial} is not an ALFWorld trial folder: it needs {' and '.join(TRIAL_FILES)}")
-    return trial
-
-
-# --- the worker process, seen from the env ----------------------------------------------
-
-
-class _GameFailure(Exception):
-    """A game raised, timed out or killed its worker; ``reason`` is one line for the block list."""
-
-    def __init__(self, reason: str, details: str = ""):
-        super().__init__(reason)
-        self.reason = reason
-        self.details = details
-
-
-class _Worker:
-    """The parent's end of the game process: start, ask with a timeout, kill, shut down.
-
-    Holds no reference to the env, so that the env's finalizer can shut it down.
-    """
-
-    def __init__(self, scratch: Path):
-        self.scratch = scratch
-        self.process = None
-        self.conn = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
-
-    def start(self) -> None:
-        # "spawn", not fork: the parent may hold torch threads and CUDA state.
-        context = multiprocessing.get_context("spawn")
-        conn, child_conn = context.Pipe()
-        process = context.Process(target=serve, args=(child_conn, str(self.scratch)), daemon=True,
-                                  name="alfworld-worker")
-        process.start()
-        # Closing our copy of the child's end is what lets a dead worker read as EOF here.
-        child_conn.close()
-        self.process, self.conn = process, conn
-        try:
-            answer = self._receive(STARTUP_TIMEOUT)
-        except _GameFailure as failure:
-            raise RuntimeError(
-                f"the ALFWorld worker did not start: {failure.reason}. It is a spawned process, which "
-                "imports the main script again: a script that builds ALFWorldEnv must run it under "
-                "`if __name__ == \"__main__\":`"
-            ) from None
-        if answer[0] != "ready":
-            self.kill()
-            raise RuntimeError(f"the ALFWorld worker did not start: {answer[1]}\n{answer[2]}")
-        logger.debug("ALFWorld worker started (pid %s)", self.process.pid)
-
-    def request(self, message: tuple, timeout: float) -> dict:
-        """Send ``message`` and wait at most ``timeout`` seconds for the game's state."""
-        if not self.alive():
-            self.kill()
-            self.start()
-        try:
-            self.conn.send(message)
-        except OSError as error:
-            self.kill()
-            raise _GameFailure(f"worker died before the {message[0]} ({error})") from None
-        try:
-            answer = self._receive(timeout)
-        except _GameFailure:
-            raise
-        except BaseException:
-            # Interrupted while the game runs (e.g. Ctrl-C): its late answer would be read as
-            # the answer to the next request, so this worker cannot be trusted any more.
-            self.kill()
-            raise
-        if answer[0] == "error":
-            raise _GameFailure(answer[1], answer[2])
-        return answer[1]
-
-    def _receive(self, timeout: float) -> tuple:
-        ready = wait([self.conn, self.process.sentinel], timeout)
-        if self.conn in ready:
-            try:
-                return self.conn.recv()
-            except (EOFError, OSError):
-                pass  # the worker died; its exit code tells more below
-        if not ready:
-            self.kill()
-            raise _GameFailure(f"timeout: no answer within {timeout:g} s, worker killed")
-        self.process.join(5)
-        code = self.process.exitcode
-        self.kill()
-        raise _GameFailure(f"worker died (exit code {code})")
-
-    def kill(self) -> None:
-        if self.process is not None:
-            if self.process.is_alive():
-                self.process.kill()
-            self.process.join(5)
-            self.process = None
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def shutdown(self) -> None:
-        """Ask the worker to exit; kill it if it does not within a few seconds."""
-        if self.alive():
-            try:
-                self.conn.send(("close",))
-            except OSError:
-                pass  # already gone: kill() below reaps it
-            else:
-                self.process.join(5)
-        self.kill()
-
-
-def _release(worker: _Worker, scratch: Path) -> None:
-    """Stop the worker and delete the scratch folder (at close, garbage collection or exit)."""
-    worker.shutdown()
-    if scratch.exists():
-        shutil.rmtree(scratch)
-
-
-# --- the environment --------------------------------------------------------------------
 
 
 class ALFWorldEnv(TextEnv):

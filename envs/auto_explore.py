@@ -17,6 +17,7 @@ ERROR_COST for a command that failed or WARNING_COST for one that told nothing n
 otherwise, and running out of steps pays ``horizon``. Success: total cost < 0.01.
 """
 
+import json
 import logging
 import os
 import stat
@@ -33,11 +34,13 @@ from envs.sandbox import (
     quote_path,
     resolve,
 )
+from paths import DATA_DIR
 from prompts import LABELS
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_REPOS_DIR = Path(__file__).resolve().parents[1] / "data" / "auto_explore" / "repos_filtered"
+DEFAULT_REPOS_DIR = DATA_DIR / "auto_explore" / "repos_filtered"
+TASK_FIELDS = ("question", "answer", "optimal_path", "filename", "root", "n_level", "model")
 
 STEP_COST = 1.0
 ERROR_COST = 2.0
@@ -63,8 +66,41 @@ def task_targets(filename) -> list[str]:
     return sorted(targets)
 
 
-def _depth(path: str) -> int:
+def target_depth(path: str) -> int:
+    """How many folders below the repository root a target path lies: its number of '/'."""
     return path.count("/")
+
+
+def task_depth(task: dict) -> int:
+    """A task's target depth: that of its (first) target path."""
+    filename = task["filename"]
+    return target_depth(filename if isinstance(filename, str) else filename[0])
+
+
+def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> list[dict]:
+    """The tasks of an AutoExplore task file (``--task_file``): a JSON list of task dicts.
+
+    Each task keeps only :data:`TASK_FIELDS` (trajectories and other extras dropped) and the
+    file must hold at least one. With ``whole_records`` (the data pipeline, which passes its
+    records on) every field is kept and an empty list is accepted.
+    """
+    if not path:
+        raise ValueError("--task_file: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
+                         "train.json)")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--task_file: no such file {str(file)!r}")
+    try:
+        records = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--task_file: {file} is not valid JSON ({error})") from None
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        raise ValueError(f"--task_file: {file} must hold a JSON list of task objects")
+    if whole_records:
+        return records
+    if not records:
+        raise ValueError(f"--task_file: {file} holds no task")
+    return [{key: record[key] for key in TASK_FIELDS if key in record} for record in records]
 
 
 def optimal_path(task: dict) -> list[str]:
@@ -72,7 +108,7 @@ def optimal_path(task: dict) -> list[str]:
 
     With several targets, the shallowest one (ties: sorted order).
     """
-    target = min(task_targets(task.get("filename")), key=lambda t: (_depth(t), t))
+    target = min(task_targets(task.get("filename")), key=lambda t: (target_depth(t), t))
     *folders, name = target.split("/")
     return [f"cd {quote_path(folder)}" for folder in folders] + [f"cat {quote_path(name)}", f"id {quote_path(name)}"]
 
@@ -156,7 +192,7 @@ class AutoExploreEnv(TextEnv):
         self.task = task
         self._targets = targets
         self._repo_name = printable(root.resolve().name)
-        primary = min(targets, key=lambda t: (_depth(t), t))
+        primary = min(targets, key=lambda t: (target_depth(t), t))
         self._question = f"Find {primary.rpartition('/')[2]}" if self.easy else question
         self._history = []
         self._last_result = None

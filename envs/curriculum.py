@@ -11,7 +11,9 @@
 
 from dataclasses import dataclass, field
 
+from envs.auto_explore import load_tasks, task_depth
 from envs.taxi import CURRICULA as TAXI_LEVELS
+from envs.taxi import FULL
 
 
 @dataclass
@@ -78,12 +80,6 @@ def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
     return curriculum if index is None else curriculum.only(index)
 
 
-def task_depth(task: dict) -> int:
-    """Target depth of an AutoExplore task: the number of '/' in its (first) target path."""
-    filename = task["filename"]
-    return (filename if isinstance(filename, str) else filename[0]).count("/")
-
-
 def depth_curriculum(tasks: list[dict], max_steps: int, merge_first_two: bool = False,
                      merge_after_first_k: int = 3, index: int | None = None) -> Curriculum:
     if not tasks:
@@ -109,33 +105,15 @@ def single_level(name: str, options: list[dict], max_steps: int) -> Curriculum:
     return Curriculum([Level(name, options)], [max_steps])
 
 
-def load_auto_explore_tasks(path: str | None) -> list[dict]:
-    """The task dicts of an AutoExplore task file (trajectories and other extras dropped)."""
-    import json
-    from pathlib import Path
-
-    if not path:
-        raise ValueError("--task_file: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
-                         "train.json)")
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"--task_file: no such file {path!r}")
-    records = json.loads(file.read_text(encoding="utf-8"))
-    if not isinstance(records, list) or not records:
-        raise ValueError(f"--task_file: {path} must hold a non-empty JSON list of tasks")
-    keys = ("question", "answer", "filename", "root", "n_level", "optimal_path", "model")
-    return [{k: r[k] for k in keys if k in r} for r in records]
-
-
 def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
     """The training curriculum the flags describe (a single level when no curriculum is on)."""
     max_steps = max_steps or args.max_steps
     if args.env == "taxi":
         if args.taxi_curriculum:
             return taxi_curriculum(max_steps, args.curriculum_index)
-        return single_level("full", [{"curriculum": "full"}], max_steps)
+        return single_level(FULL, [{"curriculum": FULL}], max_steps)
     if args.env == "auto_explore":
-        tasks = load_auto_explore_tasks(args.task_file)
+        tasks = load_tasks(args.task_file)
         if args.depth_curriculum:
             return depth_curriculum(tasks, max_steps, args.merge_first_two, args.merge_after_first_k,
                                     args.curriculum_index)

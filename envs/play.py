@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from envs import env_kwargs, make_env
-from envs.auto_explore import optimal_path
-from envs.curriculum import load_auto_explore_tasks
+from envs.auto_explore import load_tasks, optimal_path, target_depth
 from envs.sandbox import file_kind, is_safe_name
-from experiment_args import REPO_ROOT, parse_args
+from envs.taxi import curriculum_at
+from experiment_args import parse_args
+from paths import REPO_ROOT
 
 DEFAULT_PLAY_REPO = REPO_ROOT / "data_gen"
 
@@ -34,18 +35,17 @@ def repo_task(repo: Path, rng: np.random.Generator) -> dict:
         raise ValueError(f"--repo_dir: {repo} has no file with an allowed suffix at depth <= 2")
     target = candidates[int(rng.integers(len(candidates)))]
     task = {"question": f"Find {target.rpartition('/')[2]}", "answer": target, "filename": target,
-            "root": str(repo), "n_level": target.count("/"), "model": "play"}
+            "root": str(repo), "n_level": target_depth(target), "model": "play"}
     task["optimal_path"] = optimal_path(task)
     return task
 
 
 def reset_options(args, rng: np.random.Generator) -> dict:
     if args.env == "taxi":
-        stage = ("pickup", "dropoff", "full")[args.curriculum_index] if args.curriculum_index is not None else "full"
-        return {"curriculum": stage}
+        return {"curriculum": curriculum_at(args.curriculum_index)}
     if args.env == "auto_explore":
         if args.task_file:
-            tasks = load_auto_explore_tasks(args.task_file)
+            tasks = load_tasks(args.task_file)
             return {"task": tasks[int(rng.integers(len(tasks)))]}
         return {"task": repo_task(Path(args.repo_dir) if args.repo_dir else DEFAULT_PLAY_REPO, rng)}
     return {}

@@ -14,33 +14,27 @@ evaluation) can only read, list and move inside that copy:
 Copies come in two layers. :func:`pristine_copy` copies a source repository once per
 process (cached, removed at exit). :class:`Sandbox` is one episode's view: a hard-link
 tree of the pristine copy, optionally with entries left out, removed on ``close()``.
+
+This module holds :class:`Sandbox`, the command interpreter, and the file views its
+``cat``, ``head`` and ``tail`` show. The checks on names and paths (:func:`is_safe_name`,
+:func:`resolve`, ...) are in ``envs/sandbox_paths.py``; the copies (:func:`pristine_copy`,
+:func:`link_tree`) in ``envs/sandbox_copy.py``.
 """
 
-import atexit
-import logging
 import os
 import re
 import shlex
 import shutil
 import stat
 import tempfile
-import threading
 import weakref
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-logger = logging.getLogger(__name__)
-
-# The one list of file suffixes AutoExplore works with, by kind; the data pipeline
-# filters repositories with it too.
-ALLOWED_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "code": (".py", ".c", ".cpp", ".cxx", ".cc", ".h", ".hpp", ".hxx", ".cs", ".java", ".go", ".ipynb"),
-    "data": (".csv", ".tsv"),
-    "text": (".txt", ".md", ".rst", ".json", ".yaml", ".yml"),
-    "exec": (".sh", ".bash", ".zsh"),
-}
-_KIND_OF_SUFFIX = {suffix: kind for kind, suffixes in ALLOWED_SUFFIXES.items() for suffix in suffixes}
+# quote_path and MAX_COPY_BYTES are not used here; they stay importable from envs.sandbox for
+# envs/auto_explore.py and data_gen/auto_explore/filter_repo.py.
+from envs.sandbox_copy import MAX_COPY_BYTES, link_tree, pristine_copy  # noqa: F401
+from envs.sandbox_paths import SandboxError, file_kind, is_safe_name, printable, quote_path, resolve  # noqa: F401
 
 # How many lines `cat` shows per kind; any other file shows OTHER_CAT_LINES.
 CAT_LINES = {"code": 1000, "data": 5, "text": 100}
@@ -52,230 +46,13 @@ MAX_TOKENS = 500
 MAX_SHOWN_CHARS = 4000
 TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
-MAX_COPY_BYTES = 5 * 1024 * 1024  # larger files are not copied into the sandbox
 MAX_READ_BYTES = 256 * 1024  # a command reads at most this much of a file
 MAX_COMMAND_CHARS = 1000
 
-_UNSAFE_CHARS = frozenset("\"'\\`")
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9._/+-]+")
 _SHELL_OPERATORS = frozenset({";", "|", "||", "&", "&&", ">", ">>", "<", "<<", "2>", "&>"})
 
 
-def file_kind(name: str) -> str | None:
-    """``"code"``, ``"data"``, ``"text"`` or ``"exec"`` from the suffix of ``name``; None if not allowed."""
-    return _KIND_OF_SUFFIX.get(os.path.splitext(name)[1].lower())
-
-
-def is_safe_name(name: str) -> bool:
-    """Whether one path component may enter a sandbox.
-
-    Printable ASCII only (this also excludes the surrogate escapes that stand for
-    non-UTF-8 bytes), no quote, backslash or backtick (so a double-quoted name always
-    parses back to itself), and not hidden, ``.`` or ``..``. A leading ``~`` is refused
-    too: paths starting with it are rejected as home paths, so such a file could never
-    be named in a command.
-    """
-    return (
-        bool(name)
-        and all(" " <= c <= "~" for c in name)
-        and not _UNSAFE_CHARS.intersection(name)
-        and name[0] not in ".~"
-    )
-
-
-def quote_path(path: str) -> str:
-    """``path`` as it appears in a command: double-quoted unless made of plain characters.
-
-    Safe names hold no ``"`` or ``\\``, so :func:`shlex.split` returns the path unchanged.
-    """
-    return path if _PLAIN_PATH.fullmatch(path) else f'"{path}"'
-
-
-def printable(text: str, limit: int = 200) -> str:
-    """``text`` on one line of printable ASCII, for echoing untrusted input into a prompt."""
-    shown = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text[:limit])
-    return shown + ("..." if len(text) > limit else "")
-
-
-class SandboxError(Exception):
-    """A command that cannot run; the message becomes the ``Error:`` observation."""
-
-
-# --- the per-process pristine copies ------------------------------------------------
-
-_pristine: dict[str, str] = {}
-_pristine_lock = threading.Lock()
-_process_dir: str | None = None
-_process_pid: int | None = None
-
-
-def _remove_process_dir(path: str, pid: int) -> None:
-    # A forked worker inherits this exit hook; only the creating process may remove the copies.
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def pristine_copy(source: str | os.PathLike) -> str:
-    """The private copy of repository ``source`` for this process, made on first use.
-
-    Later changes to ``source`` are not seen: the copy is a snapshot taken once.
-    """
-    global _process_dir, _process_pid
-    real = os.path.realpath(source)
-    if not os.path.isdir(real):
-        raise ValueError(f"repository {os.fspath(source)!r} is not a directory")
-    with _pristine_lock:
-        if real in _pristine:
-            return _pristine[real]
-        if _process_dir is None or _process_pid != os.getpid():
-            _process_dir = tempfile.mkdtemp(prefix="reflect_rl_repos_")
-            _process_pid = os.getpid()
-            atexit.register(_remove_process_dir, _process_dir, _process_pid)
-        target = tempfile.mkdtemp(prefix=os.path.basename(real)[:40] + "_", dir=_process_dir)
-        skipped = _copy_tree(real, target)
-        if skipped:
-            logger.info("copied %s into the sandbox; skipped %s", real, dict(sorted(skipped.items())))
-        _pristine[real] = target
-        return target
-
-
-def _copy_tree(source: str, target: str) -> Counter:
-    """Copy the regular files and directories of ``source`` into ``target``; count what was skipped."""
-    skipped: Counter = Counter()
-    stack = [(source, target)]
-    while stack:
-        src_dir, dst_dir = stack.pop()
-        try:
-            with os.scandir(src_dir) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except PermissionError:
-            skipped["unreadable"] += 1
-            continue
-        for entry in entries:
-            name = entry.name
-            if name.startswith("."):
-                skipped["hidden"] += 1
-            elif not is_safe_name(name):
-                skipped["unsafe name"] += 1
-            elif entry.is_symlink():
-                skipped["symlink"] += 1
-            elif entry.is_dir(follow_symlinks=False):
-                os.mkdir(os.path.join(dst_dir, name))
-                stack.append((entry.path, os.path.join(dst_dir, name)))
-            elif entry.is_file(follow_symlinks=False):
-                if entry.stat(follow_symlinks=False).st_size > MAX_COPY_BYTES:
-                    skipped["too large"] += 1
-                else:
-                    try:
-                        copied = _copy_file(entry.path, os.path.join(dst_dir, name))
-                    except PermissionError:
-                        skipped["unreadable"] += 1
-                        continue
-                    if not copied:
-                        skipped["changed while copying"] += 1
-            else:
-                skipped["not a file or directory"] += 1
-    return skipped
-
-
-def _copy_file(src: str, dst: str) -> bool:
-    # O_NONBLOCK: if the entry turned into a FIFO since it was listed, open must not wait.
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_COPY_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_COPY_BYTES:
-        return False
-    _write_read_only(dst, data)
-    return True
-
-
-def _write_read_only(path: str, data: bytes) -> None:
-    # Episode copies hard-link these files, so read-only modes guard the pristine bytes.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def link_tree(source: str, target: str, leave_out: Callable[[str, bool], bool] | None = None) -> None:
-    """Hard-link the tree ``source`` into the existing directory ``target``.
-
-    ``leave_out(relative_path, is_dir)`` is asked about each entry in a fixed order
-    (directory by directory, entries sorted by name; a left-out directory's contents
-    are not visited), so a seeded predicate gives the same copy every time.
-    """
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        with os.scandir(os.path.join(source, rel_dir)) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        subdirs = []
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            is_dir = entry.is_dir(follow_symlinks=False)
-            if entry.is_symlink() or not (is_dir or entry.is_file(follow_symlinks=False)):
-                continue
-            if leave_out is not None and leave_out(rel, is_dir):
-                continue
-            dst = os.path.join(target, rel)
-            if is_dir:
-                os.mkdir(dst)
-                subdirs.append(rel)
-                continue
-            try:
-                os.link(entry.path, dst, follow_symlinks=False)
-            except OSError:
-                with open(entry.path, "rb") as f:
-                    _write_read_only(dst, f.read())
-        stack.extend(reversed(subdirs))
-
-
-# --- path resolution and file views -------------------------------------------------
-
-
-def resolve(root: str, cwd: str, path: str) -> tuple[str, os.stat_result]:
-    """The location of ``path`` (relative to ``cwd``) inside ``root``, and its ``lstat``.
-
-    Returns the '/'-separated path relative to ``root`` ('' for the root itself).
-    Raises :class:`SandboxError` for anything that is not a plain path to an existing
-    entry inside ``root``.
-    """
-    if not path:
-        raise SandboxError("empty path")
-    if "\0" in path:
-        raise SandboxError("path contains a NUL byte")
-    if path.startswith("/"):
-        raise SandboxError(f"absolute paths are not allowed: {printable(path)}")
-    if path.startswith("~"):
-        raise SandboxError(f"home paths are not allowed: {printable(path)}")
-    # Empty components (a trailing or doubled '/') are harmless, so accept them.
-    parts = [part for part in path.split("/") if part]
-    if ".." in parts:
-        raise SandboxError(f"'..' is only allowed as the exact command 'cd ..': {printable(path)}")
-    for part in parts:
-        if not is_safe_name(part):
-            raise SandboxError(f"invalid name {printable(part)!r} in path {printable(path)}")
-    rel_parts = [part for part in cwd.split("/") if part]
-    status = os.lstat(os.path.join(root, *rel_parts))
-    for index, part in enumerate(parts):
-        if not stat.S_ISDIR(status.st_mode):
-            raise SandboxError(f"not a directory: {printable('/'.join(parts[:index]))}")
-        rel_parts.append(part)
-        try:
-            status = os.lstat(os.path.join(root, *rel_parts))
-        except FileNotFoundError:
-            raise SandboxError(f"no such file or directory: {printable(path)}") from None
-        if stat.S_ISLNK(status.st_mode):
-            raise SandboxError(f"symbolic links are not followed: {printable(path)}")
-    full = os.path.join(root, *rel_parts)
-    real_root = os.path.realpath(root)
-    if os.path.commonpath([os.path.realpath(full), real_root]) != real_root:
-        raise SandboxError(f"path leaves the repository: {printable(path)}")
-    return "/".join(rel_parts), status
+# --- file views ----------------------------------------------------------------------
 
 
 def _read(path: str, from_end: bool = False) -> tuple[str, bool]:

@@ -22,9 +22,10 @@ from envs.base import Outcome, TextEnv, rng_seed
 ACTION_NAMES = ("Move south", "Move north", "Move east", "Move west", "Pickup passenger", "Drop off passenger")
 PICKUP, DROPOFF = 4, 5
 IN_TAXI = 4
-CURRICULA = ("pickup", "dropoff", "full")
+FULL = "full"  # the whole task; the other curricula are its two halves
+CURRICULA = ("pickup", "dropoff", FULL)  # in training order; --curriculum_index counts from 0
 DEPOTS = ("R", "G", "Y", "B")  # gymnasium's locs order
-SUCCESS_COST_BELOW = {"pickup": 0.0, "dropoff": 0.0, "full": -1.0}
+SUCCESS_COST_BELOW = {"pickup": 0.0, "dropoff": 0.0, FULL: -1.0}
 REWARD_SCALE = 20.0
 DANGER_REWARD = -10.0
 PICKUP_BONUS = 20.0
@@ -41,6 +42,11 @@ you may not ends the game at once with a big penalty.
 """
 
 
+def curriculum_at(index: int | None) -> str:
+    """The curriculum ``--curriculum_index`` names; the full task when it names none."""
+    return FULL if index is None else CURRICULA[index]
+
+
 class DangerousTaxiEnv(TextEnv):
     analyze_instruction = (
         "Find the taxi, the passenger and the destination on the map, judge the last move, "
@@ -48,7 +54,7 @@ class DangerousTaxiEnv(TextEnv):
     )
     default_horizon = 20
 
-    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = "full",
+    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = FULL,
                  with_prompt: bool = False, with_history: bool = False, first_step: bool = False,
                  render_mode: str | None = None):
         if curriculum not in CURRICULA:

@@ -11,13 +11,13 @@ and the count of unusable answers, in ``results/<id>_auto_explore_gpt/``.
 import sys
 
 from evaluation.gpt_common import run_gpt_evaluation
-from experiment_args import parse_args
+from experiment_args import parse_args, require_env
 
 
 def main(args) -> int:
-    args.env = "auto_explore"
-    return run_gpt_evaluation(args, "auto_explore_gpt")
+    require_env(args, "auto_explore", "auto_explore_gpt")
+    return run_gpt_evaluation(args, "auto_explore_gpt", reps=args.eval_reps)
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m evaluation.auto_explore_gpt")))
+    sys.exit(main(parse_args(prog="python -m evaluation.auto_explore_gpt", env="auto_explore")))

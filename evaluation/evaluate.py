@@ -23,6 +23,7 @@ are printed and saved as ``results.json`` and ``results.md`` in
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from tqdm.auto import tqdm
 import checkpoints
 import models
 from envs import env_kwargs, make_env
-from envs.curriculum import load_auto_explore_tasks, task_depth
+from envs.auto_explore import load_tasks, task_depth
 from envs.taxi import CURRICULA as TAXI_LEVELS
 from experiment_args import parse_args
 from rollout import EpisodeStart, TwoPlayerRollout
@@ -41,18 +42,27 @@ SCRIPT = "evaluate"
 HELD_OUT_SEED = 10**9  # evaluation seeds start here; training draws its seeds at random
 
 
-def test_episodes(args, env) -> list[EpisodeStart]:
-    """The fixed test episodes of ``args.env``, each labelled with its level."""
+@dataclass
+class EvaluationRun:
+    """What one evaluation run wrote: its folder and, per configuration, the configuration
+    with its figures per level under ``"levels"`` (as in ``results.json``)."""
+
+    run_dir: Path
+    results: list[dict]
+
+
+def test_episodes(args, env, reps: int) -> list[EpisodeStart]:
+    """The fixed test episodes of ``args.env``, ``reps`` per level, task or problem, each labelled with its level."""
     if args.env == "taxi":
         levels = TAXI_LEVELS if args.curriculum_index is None else (TAXI_LEVELS[args.curriculum_index],)
         return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"curriculum": level}, level=level)
-                for level in levels for i in range(args.eval_reps)]
+                for level in levels for i in range(reps)]
     if args.env == "auto_explore":
-        tasks = load_auto_explore_tasks(args.task_file)
+        tasks = load_tasks(args.task_file)
         return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"task": task}, level=f"depth {task_depth(task)}")
-                for task in tasks for i in range(args.eval_reps)]
+                for task in tasks for i in range(reps)]
     return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"problem": str(problem)}, level=Path(problem).parent.name)
-            for problem in env.problems for i in range(args.eval_reps)]
+            for problem in env.problems for i in range(reps)]
 
 
 def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
@@ -131,13 +141,13 @@ def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "
     return table
 
 
-def run(args, eval_load_list: list[dict]) -> tuple[Path, list[dict]]:
+def run(args, eval_load_list: list[dict]) -> EvaluationRun:
     configs = load_configs(args, eval_load_list)
     run_dir = checkpoints.make_run_dir(args, SCRIPT)
     envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
             for _ in range(args.per_device_eval_batch_size)]
     try:
-        starts = test_episodes(args, envs[0])
+        starts = test_episodes(args, envs[0], args.eval_reps)
         results = []
         for config in configs:
             summary = summarise(evaluate_config(args, config, envs, starts))
@@ -147,7 +157,7 @@ def run(args, eval_load_list: list[dict]) -> tuple[Path, list[dict]]:
             env.close()
     table = save_results(run_dir, results, f"Evaluation on {args.env}")
     print(f"\n[evaluate] {args.env}: {len(starts)} episodes per configuration; saved in {run_dir}\n\n{table}")
-    return run_dir, results
+    return EvaluationRun(run_dir, results)
 
 
 def main(args) -> int:

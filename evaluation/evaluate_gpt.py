@@ -17,10 +17,9 @@ from experiment_args import parse_args
 
 
 def main(args) -> int:
-    if args.scenario not in ("taxi", "alfworld"):
-        raise ValueError(f"--scenario must be taxi or alfworld, got {args.scenario!r}")
-    args.env, args.eval_reps = args.scenario, args.runs
-    return run_gpt_evaluation(args, "evaluate_gpt")
+    if args.env not in ("taxi", "alfworld"):
+        raise ValueError(f"--scenario (--env): evaluate_gpt plays taxi or alfworld, got {args.env!r}")
+    return run_gpt_evaluation(args, "evaluate_gpt", reps=args.runs)
 
 
 if __name__ == "__main__":

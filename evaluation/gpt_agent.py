@@ -8,9 +8,10 @@ played as a label outside the list (the state stays as it was; the step counts).
 """
 
 import re
+from dataclasses import dataclass
 
-from data_gen.llm import ChatClient
 from envs.base import TextEnv
+from llm import ChatClient
 from rollout import Decision, Episode, EpisodeStart
 
 INSTRUCTIONS = {
@@ -64,9 +65,18 @@ def parse_choice(answer: str, labels: list[str], actions: list[str]) -> str | No
     return None
 
 
+@dataclass
+class ApiPlay:
+    """The episodes an API model played, how many answers it gave and how many named no listed action."""
+
+    episodes: list[Episode]
+    answers: int
+    unusable: int
+
+
 def play(client: ChatClient, env: TextEnv, env_name: str, starts: list[EpisodeStart],
-         temperature: float = 0.0) -> tuple[list[Episode], int, int]:
-    """Play ``starts`` one after another; return (episodes, answers, unusable answers)."""
+         temperature: float = 0.0) -> ApiPlay:
+    """Play ``starts`` one after another."""
     episodes, answers, unusable = [], 0, 0
     for start in starts:
         obs, info = env.reset(seed=start.seed, options=start.options)
@@ -87,5 +97,5 @@ def play(client: ChatClient, env: TextEnv, env_name: str, starts: list[EpisodeSt
                 episode.success, episode.cost = bool(info["success"]), float(info["cost"])
                 break
         episodes.append(episode)
-    return episodes, answers, unusable
+    return ApiPlay(episodes, answers, unusable)
 

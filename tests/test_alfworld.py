@@ -13,13 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paths import SHARED_DIR
+
 # Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
 # this process; the env itself only imports it inside its worker process.
 if importlib.util.find_spec("alfworld") is None:
     pytest.skip("alfworld is not installed (pip install -e .[alfworld])", allow_module_level=True)
 pytestmark = pytest.mark.alfworld
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "alfworld"
+DATA = SHARED_DIR / "alfworld"
 TOMATO = DATA / "tomato_microwave_json_2.1.1"
 FIXTURE = DATA / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
 if not FIXTURE.is_dir() or not TOMATO.is_dir():
@@ -28,7 +30,8 @@ if not FIXTURE.is_dir() or not TOMATO.is_dir():
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from envs import env_kwargs, make_env  # noqa: E402
-from envs.alfworld import ALFWorldEnv, find_problems, split_names  # noqa: E402
+from envs.alfworld import ALFWorldEnv  # noqa: E402
+from envs.alfworld_problems import find_problems, split_names  # noqa: E402
 from prompts import LABELS  # noqa: E402
 from tests.conftest import snapshot  # noqa: E402
 

@@ -14,7 +14,8 @@ def test_defaults_follow_the_paper():
     args = ScriptArguments()
     assert args.model_name == "gpt2-xl"
     assert (args.peft_lora_r, args.peft_lora_alpha, args.lora_dropout) == (64, 16, 0.1)
-    assert (args.learning_rate, args.lr_scheduler_type, args.warmup_ratio) == (2e-4, "constant", 0.03)
+    # the paper's warmup_ratio 0.03 did nothing under its constant schedule; 0.0 says so
+    assert (args.learning_rate, args.lr_scheduler_type, args.warmup_ratio) == (2e-4, "constant", 0.0)
     assert (args.max_grad_norm, args.max_seq_length, args.weight_decay) == (0.3, 1024, 0.001)
     assert (args.trainer, args.baseline, args.replay_buffer_size) == ("pg", "none", 50)
     assert (args.ppo_clip, args.ppo_epochs, args.temperature) == (0.1, 3, 1.0)
@@ -160,3 +161,42 @@ def test_help_lists_flags_with_help(script):
                  "--per_device_eval_batch_size", "--eval_reps", "--seed", "--config"):
         assert flag in out, flag
     assert "Adam learning rate" in out and "reinforcement learning:" in out
+
+
+def test_a_script_for_one_env_takes_its_curriculum_flags(capsys):
+    args = parse_args(["--taxi_curriculum", "--curriculum_index=1"], prog="data_gen.taxi.reflection", env="taxi")
+    assert args.env == "taxi" and args.curriculum_index == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--env=alfworld"], prog="data_gen.taxi.reflection", env="taxi")
+    assert "--env: data_gen.taxi.reflection works on --env=taxi only, got alfworld" in capsys.readouterr().err
+
+
+def test_unknown_trainer_lists_the_registered_learners():
+    with pytest.raises(ValueError, match=r"--trainer: 'a2c' is not one of \('pg', 'ppo', 'refuel'\)"):
+        ScriptArguments(trainer="a2c")
+
+
+def test_settings_that_cannot_apply_get_one_warning_naming_them(caplog, monkeypatch):
+    monkeypatch.setattr("experiment_args._cuda_available", lambda: True)
+    with caplog.at_level(logging.WARNING):
+        ScriptArguments(trainer="ppo", replay_batch_size=9, refuel_eta=2.0, ppo_clip=0.3)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "--replay_batch_size (only with --trainer pg)" in warning
+    assert "--refuel_eta (only with --trainer refuel)" in warning and "ppo_clip" not in warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ScriptArguments(warmup_ratio=0.1)
+    assert ["--warmup_ratio 0.1 has no effect with --lr_scheduler_type constant (use constant_with_warmup)"] == [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_no_script_changes_a_setting_after_parsing():
+    """Settings are parsed and validated once: no module assigns to ``args`` afterwards."""
+    import re
+
+    assignment = re.compile(r"\bargs\.\w+\s*(,\s*args\.\w+\s*)*=[^=]|setattr\(\s*args\b")
+    offenders = [f"{path.relative_to(REPO)}:{number}" for path in REPO.rglob("*.py")
+                 if not {".venv", "tests"} & set(path.relative_to(REPO).parts)
+                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if assignment.search(line)]
+    assert offenders == []

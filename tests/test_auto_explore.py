@@ -1,4 +1,4 @@
-"""AutoExplore: the gymnasium contract, the action list, costs, leave-out, file views, modes."""
+"""AutoExplore: the gymnasium contract, the action list, costs, leave-out, modes (file views and tasks: test_auto_explore_views.py)."""
 
 import os
 import warnings
@@ -7,61 +7,15 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.auto_explore import AutoExploreEnv, optimal_path
-from envs.sandbox import MAX_TOKENS, TOKEN_RE, file_kind, pristine_copy, quote_path
-
-TARGET = "src/utils/helpers.py"
-
-
-def write(path, text: str = "x\n") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+from envs.auto_explore import optimal_path
+from envs.sandbox_copy import pristine_copy
+from envs.sandbox_paths import quote_path
+from tests.auto_explore_repos import TARGET, build_repo, make_env, make_task, run, tree
 
 
 @pytest.fixture
 def repo(tmp_path):
-    """A small known tree: folders, allowed and disallowed files, a name with a space, an empty folder."""
-    root = tmp_path / "demo_repo"
-    write(root / "README.md", "# Demo\nA demo repository.\n")
-    write(root / "main.py", "import os\nprint('main')\n")
-    write(root / "LICENSE", "\n".join(f"license line {i}" for i in range(30)) + "\n")
-    write(root / "docs" / "my file.txt", "notes\n")
-    write(root / "docs" / "guide.rst", "Guide\n=====\n")
-    write(root / "src" / "data.csv", "".join(f"{i},{i * i}\n" for i in range(20)))
-    write(root / "src" / "run.sh", "echo run\n")
-    write(root / "src" / "image.png", "not really\n")
-    write(root / TARGET, "def helper():\n    return 42\n")
-    write(root / "src" / "utils" / "more.go", "package utils\n")
-    (root / "empty").mkdir()
-    return root
-
-
-def make_task(repo, filename=TARGET, question="Which file defines helper()?") -> dict:
-    return {"question": question, "answer": "helpers.py", "filename": filename, "root": str(repo),
-            "optimal_path": [], "n_level": 2, "model": "test"}
-
-
-def make_env(repo, **kwargs) -> AutoExploreEnv:
-    kwargs.setdefault("tasks", [make_task(repo)])
-    return AutoExploreEnv(**kwargs)
-
-
-def run(env, commands):
-    """Step through ``commands``; the list of (reward, terminated, truncated, info)."""
-    steps = []
-    for command in commands:
-        _, reward, terminated, truncated, info = env.step_command(command)
-        steps.append((reward, terminated, truncated, info))
-    return steps
-
-
-def tree(root) -> set[str]:
-    found = set()
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        for name in dirnames + filenames:
-            found.add(os.path.normpath(os.path.join(rel, name)))
-    return found
+    return build_repo(tmp_path / "demo_repo")
 
 
 # --- the gymnasium contract -------------------------------------------------------------
@@ -263,71 +217,6 @@ def test_episode_copies_are_removed(repo):
 # --- file views ---------------------------------------------------------------------------
 
 
-def last_result(obs: str) -> str:
-    return obs.split("# Execution result of your last command\n")[1].split("# Choose from below")[0][:-1]
-
-
-def cat(env, name: str) -> str:
-    obs, *_ = env.step_command(f"cat {name}")
-    return last_result(obs)
-
-
-def test_cat_truncation_by_kind(repo):
-    write(repo / "short.py", "a = 1\nb = 2\n")
-    write(repo / "long.py", " \n" * 1200)  # blank lines: the line limit, not the token cap, applies
-    write(repo / "table.tsv", "".join(f"{i}\t{i}\n" for i in range(9)))
-    write(repo / "notes.md", "".join(f"n{i}\n" for i in range(150)))
-    write(repo / "plain", "".join(f"p{i}\n" for i in range(12)))
-    write(repo / "empty.txt", "")
-    env = AutoExploreEnv(tasks=[make_task(repo)])
-    env.reset(seed=0)
-    assert cat(env, "short.py") == "a = 1\nb = 2"
-    assert cat(env, "empty.txt") == "(empty file)"
-    long = cat(env, "long.py").splitlines()
-    assert len(long) == 1001 and long[-1] == "[output cut (1000-line limit for this file type): showed 1000 of 1200 lines]"
-    assert cat(env, "src/data.csv").splitlines() == ["0,0", "1,1", "2,4", "3,9", "4,16",
-                                                     "[output cut (5-line limit for this file type): showed 5 of 20 lines]"]
-    assert cat(env, "table.tsv").splitlines()[-1].endswith("showed 5 of 9 lines]")
-    notes = cat(env, "notes.md").splitlines()
-    assert notes[:2] == ["n0", "n1"] and len(notes) == 101 and notes[-1].endswith("showed 100 of 150 lines]")
-    plain = cat(env, "plain").splitlines()
-    assert plain[-2:] == ["p9", "[output cut (10-line limit for this file type): showed 10 of 12 lines]"]
-    assert cat(env, "LICENSE").splitlines()[-1].endswith("showed 10 of 30 lines]")
-    assert file_kind("run.SH") == "exec" and file_kind("LICENSE") is None
-
-
-def test_cat_token_cap(repo):
-    write(repo / "big.py", "".join(f"value_{i} = {i}\n" for i in range(400)))  # 3 tokens a line
-    write(repo / "word.txt", "w" * 10_000 + "\n")  # one huge "token": the character cap applies
-    env = AutoExploreEnv(tasks=[make_task(repo)])
-    env.reset(seed=0)
-    *body, note = cat(env, "big.py").splitlines()
-    assert len(TOKEN_RE.findall("\n".join(body))) == MAX_TOKENS
-    assert body[0] == "value_0 = 0" and note.startswith(f"[output cut (~{MAX_TOKENS}-token limit)")
-    assert note.endswith("of 400 lines]")
-    body, note = cat(env, "word.txt").splitlines()
-    assert len(body) < 5000 and "token limit" in note
-
-
-def test_head_and_tail(repo):
-    write(repo / "lines.txt", "".join(f"line {i}\n" for i in range(30)))
-    write(repo / "wide.py", "".join(" ".join(f"t{i}_{j}" for j in range(100)) + "\n" for i in range(12)))
-    env = AutoExploreEnv(tasks=[make_task(repo)])
-    env.reset(seed=0)
-    obs, *_ = env.step_command("head lines.txt")
-    assert last_result(obs).splitlines() == [f"line {i}" for i in range(10)]
-    obs, *_ = env.step_command("tail lines.txt")
-    assert last_result(obs).splitlines() == [f"line {i}" for i in range(20, 30)]
-    obs, *_ = env.step_command("head wide.py")
-    *body, note = last_result(obs).splitlines()
-    assert body[0].startswith("t0_0 ") and len(TOKEN_RE.findall("\n".join(body))) == MAX_TOKENS
-    assert note.startswith("[output cut") and "first" in note
-    obs, *_ = env.step_command("tail wide.py")
-    *body, note = last_result(obs).splitlines()
-    assert body[-1].endswith("t11_99") and len(TOKEN_RE.findall("\n".join(body))) <= MAX_TOKENS
-    assert "last" in note
-
-
 # --- modes and tasks ----------------------------------------------------------------------
 
 
@@ -360,58 +249,11 @@ def test_first_step_mode_charges_running_out(repo):
     assert -reward == 3 + 3 and info["oracle_completion"] == ["cd ..", "cd src"]
 
 
-def test_several_targets_oracle_takes_the_nearest(repo):
-    task = make_task(repo, filename=[TARGET, "docs/guide.rst"])
-    env = make_env(repo, tasks=[task])
-    assert optimal_path(task) == ["cd docs", "cat guide.rst", "id guide.rst"]
-    _, info = env.reset(seed=0)
-    assert env.targets == ["docs/guide.rst", TARGET]
-    assert info["actions"][info["labels"].index(info["oracle_label"])] == "cd docs"
-    run(env, ["cd src"])  # now the other target is nearer
-    assert env._oracle_command() == "cd utils"
-    steps = run(env, ["cd utils", "cat helpers.py", "id helpers.py"])
-    assert steps[-1][3]["success"]
-
-
-def test_task_from_options_and_repos_dir(repo):
-    env = AutoExploreEnv(repos_dir=repo.parent)
-    task = make_task(repo)
-    task["root"] = "demo_repo"
-    obs, _ = env.reset(seed=0, options={"task": task})
-    assert "# Current working directory\ndemo_repo\n" in obs and env.cwd == ""
-    other = AutoExploreEnv()
-    other.reset(seed=0, options={"task": task, "repos_dir": str(repo.parent)})
-    assert other.targets == [TARGET]
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"filename": "src/utils/missing.py"}, "src/utils/missing.py"),
-        ({"filename": "src/image.png"}, "allowed suffix"),
-        ({"filename": "../outside.py"}, "filename"),
-        ({"filename": []}, "filename"),
-        ({"question": None}, "question"),
-        ({"root": "no_such_repo"}, "no_such_repo"),
-    ],
-)
-def test_bad_tasks_raise_naming_the_value(repo, change, message):
-    task = {**make_task(repo), **change}
-    env = AutoExploreEnv(repos_dir=repo.parent)
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        env.reset(seed=0, options={"task": task})
-
-
-def test_reset_without_any_task_raises():
-    with pytest.raises(ValueError, match="task"):
-        AutoExploreEnv().reset(seed=0)
-    with pytest.raises(ValueError, match="leaveout_prob"):
-        AutoExploreEnv(leaveout_prob=1.5)
-
-
 def test_step_command_matches_label_steps(repo):
     a, b = make_env(repo), make_env(repo)
     a.reset(seed=0)
     b.reset(seed=0)
     for command in ["cd src", "cat run.sh", "cd utils"]:
         assert a.step(a.label_of(command)) == b.step_command(command)
+
+

@@ -2,7 +2,8 @@
 
 import pytest
 
-from envs.curriculum import depth_curriculum, proportional_steps, task_depth, taxi_curriculum
+from envs.auto_explore import task_depth
+from envs.curriculum import depth_curriculum, proportional_steps, taxi_curriculum
 
 
 def _tasks(depth_counts):
@@ -29,11 +30,6 @@ def test_taxi_thirds():
     assert [level.name for level in only.levels] == ["dropoff"] and only.steps == [9]
     with pytest.raises(ValueError, match="--curriculum_index"):
         taxi_curriculum(9, index=3)
-
-
-def test_task_depth():
-    assert task_depth({"filename": "a.py"}) == 0
-    assert task_depth({"filename": ["src/pkg/a.py", "b.py"]}) == 2
 
 
 def test_depth_levels_shallow_first_with_proportional_steps():

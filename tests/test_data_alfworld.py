@@ -14,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paths import SHARED_DIR
+
 # Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
 # this process; the env itself only imports it inside its worker process.
 if importlib.util.find_spec("alfworld") is None:
     pytest.skip("alfworld is not installed (pip install -e .[alfworld])", allow_module_level=True)
 pytestmark = pytest.mark.alfworld
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "alfworld"
+DATA = SHARED_DIR / "alfworld"
 TOMATO = DATA / "tomato_microwave_json_2.1.1"
 FAMILY = "pick_and_place_simple-Tomato-None-Microwave"
 FIXTURE = DATA / "fixtures" / f"{FAMILY}-1" / "trial_handmade"
@@ -30,10 +32,10 @@ if not FIXTURE.is_dir() or not TOMATO.is_dir():
 from data_gen.alfworld import gen_sft, reflection  # noqa: E402
 from data_gen.alfworld.reflection import LastStep, Memory, journal_name, oracle_reflection  # noqa: E402
 from data_gen.common import Journal, item_rng  # noqa: E402
-from data_gen.llm import LLMError  # noqa: E402
 from envs.alfworld import ALFWorldEnv  # noqa: E402
 from envs.base import rng_seed  # noqa: E402
 from experiment_args import ScriptArguments  # noqa: E402
+from llm import LLMError  # noqa: E402
 from prompts import ACTION_MARKER, completion_start, policy_prompt, reflection_prompt  # noqa: E402
 from tests.conftest import snapshot  # noqa: E402
 from tests.openai_server import OpenAIServer  # noqa: E402
@@ -56,7 +58,7 @@ def root(tmp_path_factory) -> Path:
 
 
 def _args(root: Path, out: Path, **overrides) -> ScriptArguments:
-    values = {"model_name": "tiny-gpt2", "api": "oracle", "alfworld_data": str(root), "output_dir": str(out),
+    values = {"env": "alfworld", "model_name": "tiny-gpt2", "api": "oracle", "alfworld_data": str(root), "output_dir": str(out),
               "num_episodes": 3}
     values.update(overrides)
     return ScriptArguments(**values)
@@ -196,7 +198,7 @@ def test_interrupted_run_resumes_to_the_same_output(root, tmp_path, monkeypatch)
 
 def test_missing_data_root_names_the_flag_and_the_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    args = ScriptArguments(model_name="tiny-gpt2", api="oracle", output_dir=str(tmp_path))
+    args = ScriptArguments(env="alfworld", model_name="tiny-gpt2", api="oracle", output_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"--alfworld_data.*ALFWORLD_DATA"):
         reflection.main(args)
 
@@ -234,7 +236,7 @@ def test_auth_failure_stops_with_a_clear_message(root, tmp_path, capsys):
 
 def test_gen_sft_texts_match_the_rollout_prompts(expert_run, tmp_path):
     out, records = expert_run
-    args = ScriptArguments(model_name="tiny-gpt2", task_file=str(out / "data_reflection.json"),
+    args = ScriptArguments(env="alfworld", model_name="tiny-gpt2", task_file=str(out / "data_reflection.json"),
                            output_dir=str(tmp_path))
     assert gen_sft.main(args) == 0
     lines = {name: [json.loads(x)["text"] for x in (tmp_path / name).read_text().splitlines()]
@@ -251,7 +253,7 @@ def test_gen_sft_texts_match_the_rollout_prompts(expert_run, tmp_path):
 
 def test_gen_sft_missing_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="nothing.json"):
-        gen_sft.main(ScriptArguments(model_name="tiny-gpt2", task_file=str(tmp_path / "nothing.json")))
+        gen_sft.main(ScriptArguments(env="alfworld", model_name="tiny-gpt2", task_file=str(tmp_path / "nothing.json")))
 
 
 # --- the real tomato→microwave family ---------------------------------------------------

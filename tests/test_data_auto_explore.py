@@ -1,16 +1,12 @@
 """AutoExplore data pipeline: filtering, oracle and API tasks, trajectories and negatives, splits, SFT texts."""
 
 import json
-import os
 import re
-import time
 from types import SimpleNamespace
 
 import pytest
 
 from data_gen.auto_explore import (
-    TASK_FIELDS,
-    collect_repos,
     filter_repo,
     filter_task,
     gen_sft,
@@ -18,89 +14,14 @@ from data_gen.auto_explore import (
     reflection_negative,
     split_data,
 )
-from data_gen.auto_explore.gen_task import candidate_questions, parse_pairs
-from data_gen.auto_explore.reflection_negative import parse_answer, question_topic
+from data_gen.auto_explore.gen_task import candidate_questions
+from data_gen.auto_explore.reflection_negative import question_topic
 from data_gen.common import Journal, journal_name
-from data_gen.llm import LLMError
-from envs.auto_explore import AutoExploreEnv, optimal_path, task_targets
-from envs.sandbox import file_kind
-from experiment_args import ScriptArguments
+from envs.auto_explore import TASK_FIELDS, AutoExploreEnv, optimal_path, task_targets
+from llm import LLMError
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_sft_text, reflection_sft_text
+from tests.auto_explore_repos import KEPT, SEED, build_repos, make, write
 from tests.openai_server import OpenAIServer
-
-SEED = 7
-
-# What filter_repo must keep of the fixture repositories (see build_repos).
-KEPT = {
-    "alpha": {"README.md", "config.yaml", "contest.py", "docs/guide.rst", "pkg/__init__.py", "pkg/core.py",
-              "pkg/io/loader.py", "pkg/io/readers/deep.py", "data/values.csv"},
-    "beta": {"main.py", "settings.json", "utils/helpers.py", "utils/strings.py", "docs/intro.md",
-             "data/table.tsv", "src/server.go"},
-}
-
-
-def write(path, text) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text)
-
-
-def build_repos(root):
-    """Two small repositories: informative files at depths 0-3 and junk that filter_repo must drop."""
-    alpha, beta = root / "alpha", root / "beta"
-    write(alpha / "README.md", "# Alpha\n\nAlpha parses things.\n\n## Installation\n\nRun pip install alpha.\n\n"
-                               "## Usage\n\nCall alpha.run().\n```\n# not a heading\n```\n")
-    write(alpha / "config.yaml", "name: alpha\nversion: 1\nlayers:\n  - a\n  - b\n")
-    write(alpha / "contest.py", 'def score_contest(entries):\n    """Compute the contest score of the entries."""\n'
-                                "    return sum(entries)\n\n\nclass Judge:\n"
-                                '    """Represents a contest judge."""\n')
-    write(alpha / "docs" / "guide.rst", "Guide\n=====\n\nIntro.\n\nConfiguration\n-------------\n\nSet things.\n")
-    write(alpha / "pkg" / "__init__.py", '"""The alpha package."""\nfrom pkg.core import run\n')
-    write(alpha / "pkg" / "core.py", 'def run(config):\n    """Run the alpha pipeline on a config."""\n'
-                                     "    return Pipeline(config)\n\n\nclass Pipeline:\n"
-                                     '    """Builds the processing steps of alpha."""\n\n'
-                                     "def helper_tool():\n    return 1\n")
-    write(alpha / "pkg" / "io" / "loader.py", 'def load_table(path):\n    """Load a table from a csv file."""\n'
-                                              "    return open(path).read()\n")
-    write(alpha / "pkg" / "io" / "readers" / "deep.py", "def deep_read():\n    return 'deep'\n")
-    write(alpha / "data" / "values.csv", "city,population,area\nParis,2100000,105\nLyon,520000,48\n")
-    # junk
-    write(alpha / "LICENSE", "MIT License\n" * 5)
-    write(alpha / "LICENSE.md", "MIT License\n" * 5)
-    write(alpha / "requirements.txt", "numpy\npyyaml\n")
-    write(alpha / "Makefile", "all:\n\techo hi\n")
-    write(alpha / ".hidden.py", "print('hidden file')\n")
-    write(alpha / "_private.py", "def private():\n    return 0\n")
-    write(alpha / "tiny.py", "x = 1\n")
-    write(alpha / "blob.txt", "é" * 60)
-    write(alpha / "naïve.py", "print('non-ascii name')\n")
-    write(alpha / "tests" / "test_contest.py", "def test_score():\n    assert True\n")
-    write(alpha / "examples" / "demo.py", "print('a demo of alpha')\n")
-    write(alpha / "ci" / "build.sh", "echo building alpha\n")
-    write(alpha / "notes" / "_draft.md", "# Draft\nnothing yet\n")
-    write(alpha / "docs" / "conf.py", "project = 'alpha docs'\n")
-    write(alpha / ".git" / "config.yaml", "core: {bare: false}\n")
-    os.symlink("contest.py", alpha / "link.py")
-
-    write(beta / "main.py", 'def main_entry():\n    """Start the beta command line."""\n\n\n'
-                            "def shared_name():\n    return 'main'\n")
-    write(beta / "utils" / "helpers.py", "def shared_name():\n    return 'helpers'\n\n\n"
-                                         'def format_money(x):\n    """Format an amount of money."""\n'
-                                         "    return f'{x:.2f}'\n")
-    write(beta / "utils" / "strings.py", "def slugify(text):\n    return text.lower().replace(' ', '-')\n")
-    write(beta / "docs" / "intro.md", "# Beta intro\n\n## Getting started\n\nInstall beta.\n")
-    write(beta / "data" / "table.tsv", "id\tlabel\tscore\n1\ta\t0.5\n2\tb\t0.7\n")
-    write(beta / "settings.json", json.dumps({"debug": False, "workers": 4}))
-    write(beta / "src" / "server.go", "package app\n\nfunc StartServer(port int) error {\n\treturn nil\n}\n")
-    return root
-
-
-def make(**overrides) -> ScriptArguments:
-    values = {"model_name": "tiny-gpt2", "seed": SEED, "api": "oracle"}
-    values.update({k: str(v) if hasattr(v, "__fspath__") else v for k, v in overrides.items()})
-    return ScriptArguments(**values)
 
 
 def read_jsonl(path) -> list[str]:
@@ -148,13 +69,6 @@ def test_filter_repo_rerun_replaces_the_copy(chain, tmp_path, capsys):
     assert "dropped: symlink: 1" in summary and "dropped dir: empty: 1" in summary
 
 
-def test_filter_repo_flags_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="--repo_dir"):
-        filter_repo.main(make())
-    with pytest.raises(ValueError, match="--output_dir"):
-        filter_repo.main(make(repo_dir=tmp_path, output_dir=tmp_path / "inside"))
-
-
 # --- gen_task --------------------------------------------------------------------------------
 
 
@@ -177,26 +91,6 @@ def test_oracle_tasks_schema_and_answers(chain):
     for task in tasks:
         per_file.setdefault((task["root"], task["filename"]), []).append(task)
     assert all(1 <= len(found) <= 3 for found in per_file.values())
-
-
-def test_oracle_question_kinds():
-    assert candidate_questions("a.py", 'def parse_args():\n    """Parse the command line."""\n') == [
-        "Which file defines the function `parse_args`?", "Where is the function that parses the command line?"]
-    assert candidate_questions("a.md", "# Title\n## Installation\n```\n# code\n```\n") == [
-        "Which document has a section titled 'Title'?", "Which document has a section titled 'Installation'?"]
-    assert candidate_questions("t.csv", "city,area,x\nParis,105,1\n") == [
-        "Which data file has a column named 'city'?", "Which data file has a column named 'area'?"]
-    assert candidate_questions("c.yaml", "name: 1\nsize: 2\n") == ["Which file has the top-level key 'name'?",
-                                                                 "Which file has the top-level key 'size'?"]
-    assert candidate_questions("s.go", "func StartServer(port int) error {\n}\n") == [
-        "Which file defines `StartServer`?"]
-    assert candidate_questions("n.txt", "\n") == []
-
-
-def test_parse_pairs():
-    answer = "Sure!\n1. QUERY: What is x?\nANSWER: It is\n  a number.\n**QUERY:** Why?\n**ANSWER:** Because.\nQUERY: lost"
-    assert parse_pairs(answer) == [("What is x?", "It is a number."), ("Why?", "Because.")]
-    assert parse_pairs("no pairs here") == []
 
 
 def test_api_tasks_keep_good_files_and_count_the_malformed(chain, tmp_path, capsys):
@@ -335,16 +229,6 @@ def test_reflection_negative_resumes_to_the_same_output(chain, tmp_path, monkeyp
         (chain.filtered / "data_reflection_negative.json").read_text()
 
 
-def test_parse_answer():
-    labels, actions = ["0", "1", "2"], ["cd pkg", "cat README.md", "id README.md"]
-    assert parse_answer("Reflection: Go in.\nCommand: 0", labels, actions) == ("Go in.", "cd pkg")
-    assert parse_answer("**Reflection:** Read\nit.\n**Command:** `1. cat README.md`", labels, actions) == (
-        "Read it.", "cat README.md")
-    assert parse_answer("Reflection: x\nCommand: id README.md", labels, actions) == ("x", "id README.md")
-    assert parse_answer("Reflection: x\nCommand: 7", labels, actions) is None
-    assert parse_answer("Command: 0", labels, actions) is None
-
-
 def _api_agent(body):
     """Walk to alpha's pkg/core.py, answering in the format the API writer asks for."""
     prompt = body["messages"][1]["content"]
@@ -395,17 +279,6 @@ def test_split_proportions(chain):
     assert [len(parts["train"]), len(parts["validate"])] == [round(0.7 * n), round(0.2 * n)]
     assert sorted(json.dumps(r, sort_keys=True) for part in parts.values() for r in part) == \
         sorted(json.dumps(r, sort_keys=True) for r in records)
-
-
-def test_split_keeps_a_question_together():
-    tasks = [{"root": "r", "question": f"q{i % 7}", "id": i, "n_level": 0} for i in range(30)]
-    splits = split_data.split_tasks(tasks, seed=3)
-    assert sum(len(p) for p in splits.values()) == 30
-    owner = {}
-    for name, part in splits.items():
-        for task in part:
-            assert owner.setdefault(task["question"], name) == name
-    assert split_data.split_tasks(tasks, seed=3) == splits
 
 
 # --- gen_sft ---------------------------------------------------------------------------------------
@@ -467,20 +340,3 @@ def test_gen_sft_needs_trajectories(chain):
 # --- collect_repos ---------------------------------------------------------------------------------
 
 
-def test_collected_repos_give_targets_at_depths_0_1_2(tmp_path):
-    start = time.monotonic()
-    assert collect_repos.main(make(output_dir=tmp_path / "repos")) == 0
-    assert filter_repo.main(make(repo_dir=tmp_path / "repos", output_dir=tmp_path / "filtered")) == 0
-    depths = {path.relative_to(repo).as_posix().count("/")
-              for repo in (tmp_path / "filtered").iterdir() for path in repo.rglob("*")
-              if path.is_file() and file_kind(path.name)}
-    assert {0, 1, 2} <= depths
-    assert len(list((tmp_path / "filtered").iterdir())) >= 3
-    assert time.monotonic() - start < 30
-
-
-def test_question_topic():
-    assert question_topic("Which file defines the function `run`?") == "`run`"
-    assert question_topic("Which document has a section titled 'Usage'?") == "'Usage'"
-    assert question_topic("Where is the function that loads a table?") == "the function that loads a table"
-    assert question_topic("How do I  set the level?") == '"How do I set the level"'

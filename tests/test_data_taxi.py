@@ -5,13 +5,18 @@ import json
 import pytest
 
 from data_gen.common import Journal, item_rng
-from data_gen.llm import LLMError
 from data_gen.taxi import gen_sft, reflection
 from envs import make_env
 from envs.base import rng_seed
+from llm import LLMError
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_prompt, reflection_prompt
 from tests.openai_server import OpenAIServer
 
+
+@pytest.fixture
+def make_args(make_args):
+    """This pipeline's steps are Taxi's: --env=taxi, as their parsers default it."""
+    return lambda **overrides: make_args(**{"env": "taxi", **overrides})
 
 def _run(make_args, out, **kw):
     args = make_args(**{"api": "oracle", "num_episodes": 6, "output_dir": str(out), **kw})

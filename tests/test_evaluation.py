@@ -31,13 +31,13 @@ def test_two_configurations_in_one_run(make_args, tmp_path, capsys):
                 _adapter(make_args, tmp_path / "r", 3), "name": "second"}]
     args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=0, eval_reps=6,
                      per_device_eval_batch_size=4, shrink_head=True, reflect_max_new_tokens=8)
-    run_dir, results = evaluate.run(args, configs)
+    run = evaluate.run(args, configs)
     out = capsys.readouterr().out
     assert "| first |" in out and "| second |" in out
-    assert [r["name"] for r in results] == ["first", "second"]
-    assert all(r["levels"]["pickup"]["episodes"] == 6 for r in results)
-    saved = json.loads((run_dir / "results.json").read_text())
-    assert saved == results and "| second |" in (run_dir / "results.md").read_text()
+    assert [r["name"] for r in run.results] == ["first", "second"]
+    assert all(r["levels"]["pickup"]["episodes"] == 6 for r in run.results)
+    saved = json.loads((run.run_dir / "results.json").read_text())
+    assert saved == run.results and "| second |" in (run.run_dir / "results.md").read_text()
 
 
 def test_yaml_list_and_cli_fallback(make_args, tmp_path, capsys):
@@ -67,7 +67,7 @@ def test_bad_configurations_are_named(make_args, tmp_path):
 def test_same_episodes_for_every_configuration(make_args, tmp_path):
     same = {"env": "taxi", "load_dir": _adapter(make_args, tmp_path / "a", 1)}
     args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=1, eval_reps=5, per_device_eval_batch_size=3)
-    _, results = evaluate.run(args, [dict(same, name="x"), dict(same, name="y")])
+    results = evaluate.run(args, [dict(same, name="x"), dict(same, name="y")]).results
     assert results[0]["levels"] == results[1]["levels"]
 
 
@@ -86,8 +86,8 @@ def test_parse_choice(answer, expected):
 def test_taxi_api_evaluation_counts_unusable_answers(make_args, capsys):
     replies = iter(["Action: 1", "no idea", "2."] * 200)
     with OpenAIServer(lambda body: (200, next(replies))) as server:
-        args = make_args(scenario="taxi", runs=3, api="local", base_url=server.url, model="local-model",
-                         taxi_curriculum=True, env="taxi", curriculum_index=0)
+        args = make_args(env="taxi", runs=3, api="local", base_url=server.url, model="local-model",
+                         taxi_curriculum=True, curriculum_index=0)
         assert evaluate_gpt.main(args) == 0
         prompt = server.requests[0]["body"]["messages"]
     out = capsys.readouterr().out
@@ -133,9 +133,9 @@ def test_auto_explore_api_evaluation(make_args, tmp_path, capsys):
 
 def test_oracle_api_is_refused(make_args):
     with pytest.raises(ValueError, match="--api"):
-        evaluate_gpt.main(make_args(scenario="taxi", api="oracle"))
+        evaluate_gpt.main(make_args(env="taxi", api="oracle"))
     with pytest.raises(ValueError, match="--scenario"):
-        evaluate_gpt.main(make_args(scenario="chess", api="local"))
+        evaluate_gpt.main(make_args(env="auto_explore", api="local"))
 
 
 def test_plot_overlays_runs(tmp_path):

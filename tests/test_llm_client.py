@@ -2,7 +2,7 @@
 
 import pytest
 
-from data_gen.llm import ChatClient, LLMError, make_client
+from llm import ChatClient, LLMError, make_client
 from tests.openai_server import OpenAIServer
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]

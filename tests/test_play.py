@@ -7,7 +7,8 @@ from importlib.util import find_spec
 
 import pytest
 
-from tests.conftest import REPO, SHARED
+from paths import SHARED_DIR
+from tests.conftest import REPO
 
 
 def _play(*flags, stdin=None, env=None):
@@ -42,10 +43,10 @@ def test_random_and_human_policies():
 
 
 @pytest.mark.alfworld
-@pytest.mark.skipif(find_spec("alfworld") is None or not (SHARED / "alfworld").is_dir(),
+@pytest.mark.skipif(find_spec("alfworld") is None or not (SHARED_DIR / "alfworld").is_dir(),
                     reason="needs the alfworld extra and ../shared/alfworld")
 def test_alfworld_oracle_wins_on_the_fixture():
     result = _play("--env", "alfworld", "--policy", "oracle",
-                   env={"ALFWORLD_DATA": str(SHARED / "alfworld" / "fixtures")})
+                   env={"ALFWORLD_DATA": str(SHARED_DIR / "alfworld" / "fixtures")})
     assert result.returncode == 0, result.stderr
     assert "[play] alfworld / oracle: 1 of 1 episodes succeeded" in result.stdout

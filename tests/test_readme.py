@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import checkpoints
-from tests.conftest import REPO, SHARED
+from paths import SHARED_DIR
+from tests.conftest import REPO
 from tests.openai_server import OpenAIServer
 
 TINY = ["--model_name=tiny-gpt2"]
@@ -81,7 +82,7 @@ def _checkpoints(run: Path) -> list[Path]:
 
 @pytest.mark.slow
 @pytest.mark.alfworld
-@pytest.mark.skipif(not (SHARED / "alfworld").is_dir(), reason="needs ../shared/alfworld")
+@pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
 def test_every_readme_command_runs(tmp_path):
     work = tmp_path / "repo"
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
@@ -89,7 +90,7 @@ def test_every_readme_command_runs(tmp_path):
         if (REPO / name).is_file():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, work / name)
-    (tmp_path / "shared").symlink_to(SHARED)
+    (tmp_path / "shared").symlink_to(SHARED_DIR)
     env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
            "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ALFWORLD_DATA", None)

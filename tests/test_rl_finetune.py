@@ -45,9 +45,13 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     assert len(episodes) == 2 * 4 and {e["iteration"] for e in episodes} == {1, 2}
     state = torch.load(checkpoint / checkpoints.TRAINER_STATE_FILE, weights_only=True)
     assert state["step"] == 2 and state["optimizer"]["state"]
-    assert (state["state"]["ranks"][0]["critic"] is not None) == (extra.get("baseline") == "critic")
-    if trainer == "refuel":
-        assert "refuel_pairs" in records[0]
+    assert (state["state"]["ranks"][0]["learner"]["critic"] is not None) == (extra.get("baseline") == "critic")
+    assert records[0]["grad_norm"] >= 0 and records[0]["truncated_prompts"] == 0
+    assert records[-1]["truncated_prompts_total"] == 0
+    own = {"pg": ("replayed", "replay_size"), "ppo": ("approx_kl", "clip_fraction", "ppo_ratio_max"),
+           "refuel": ("refuel_pairs",)}[trainer]
+    for key in own:
+        assert key in records[0], key
 
 
 def test_resume_is_exact(make_args, tmp_path):
@@ -68,17 +72,14 @@ def test_resume_is_exact(make_args, tmp_path):
     for x, y in zip(straight_log, resumed_log):
         assert x["success"] == y["success"] and x["loss"] == pytest.approx(y["loss"], abs=1e-6)
     replay = torch.load(straight / "checkpoint-4" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
-    assert replay["state"]["ranks"][0]["replay"]["episodes"], "the test should exercise the replay buffer"
+    assert replay["state"]["ranks"][0]["learner"]["replay"]["episodes"], "the test should exercise the replay buffer"
 
 
 def test_nan_loss_skips_the_update(make_args, tmp_path, monkeypatch):
-    real = rl_finetune.train_pg
+    import rl_algorithms.pg
 
-    def poisoned(*args, **kwargs):
-        loss, extra = real(*args, **kwargs)
-        return float("nan"), extra
-
-    monkeypatch.setattr(rl_finetune, "train_pg", poisoned)
+    real = rl_algorithms.pg.pg_loss
+    monkeypatch.setattr(rl_algorithms.pg, "pg_loss", lambda *a: real(*a) * float("nan"))
     assert rl_finetune.main(make_args(**FAST, max_steps=2, save_steps=2)) == 0
     (run,) = _runs(tmp_path)
     assert [r["nan_skips"] for r in metrics.read_metrics(run)] == [1, 2]
@@ -135,3 +136,70 @@ def test_resume_with_other_settings_is_refused(make_args, tmp_path):
     with pytest.raises(ValueError, match="--trainer='pg' there, 'ppo' here"):
         rl_finetune.main(make_args(**FAST, max_steps=2, save_steps=1, trainer="ppo",
                                    resume_from=str(run / "checkpoint-1")))
+
+
+def _cli(**values) -> list[str]:
+    return [f"--{key}={value}" for key, value in values.items()]
+
+
+def test_resume_from_alone_continues_with_the_saved_settings(tmp_path):
+    from experiment_args import parse_args
+
+    results = tmp_path / "results"
+    first = parse_args(_cli(**FAST, model_name="tiny-gpt2", trainer="pg", baseline="mean", max_steps=2,
+                            save_steps=1, ckpt_path=results, seed=3))
+    assert rl_finetune.main(first) == 0
+    (run,) = _runs(tmp_path)
+    resumed = parse_args([f"--resume_from={run / 'checkpoint-1'}"])
+    for key, value in first.to_dict().items():
+        if key != "resume_from":
+            assert getattr(resumed, key) == value, key
+    longer = parse_args([f"--resume_from={run / 'checkpoint-1'}", "--max_steps=3", "--save_steps=3"])
+    assert (longer.max_steps, longer.save_steps, longer.baseline) == (3, 3, "mean")
+    assert rl_finetune.main(longer) == 0
+    assert [r["step"] for r in metrics.read_metrics(_runs(tmp_path)[-1])] == [1, 2, 3]
+
+
+def test_resume_refuses_explicit_changes_that_would_not_continue_the_run(tmp_path, capsys):
+    from experiment_args import parse_args
+
+    results = tmp_path / "results"
+    assert rl_finetune.main(parse_args(_cli(**FAST, model_name="tiny-gpt2", max_steps=1, save_steps=1,
+                                            ckpt_path=results))) == 0
+    checkpoint = _runs(tmp_path)[0] / "checkpoint-1"
+    with pytest.raises(SystemExit):
+        parse_args([f"--resume_from={checkpoint}", "--learning_rate=0.5", "--logging_steps=3"])
+    err = capsys.readouterr().err
+    assert "--learning_rate=0.001 there, 0.5 here" in err and "logging_steps" not in err
+
+
+def test_resume_refuses_a_new_max_steps_under_a_multi_level_curriculum(make_args, tmp_path):
+    common = {**FAST, "curriculum_index": None}
+    assert rl_finetune.main(make_args(**common, max_steps=3, save_steps=1)) == 0
+    (run,) = _runs(tmp_path)
+    with pytest.raises(ValueError, match="--max_steps=3 there, 6 here"):
+        rl_finetune.main(make_args(**common, max_steps=6, save_steps=1, resume_from=str(run / "checkpoint-1")))
+
+
+def test_a_registered_learner_runs_through_the_loop(make_args, tmp_path, monkeypatch):
+    from rl_algorithms import LEARNERS, Learner, UpdateResult
+
+    seen = []
+
+    class Counting(Learner):
+        """Counts what the loop hands it; no optimiser step."""
+
+        def update(self, episodes, play, rng):
+            seen.append(len(episodes))
+            return UpdateResult(loss=0.25, metrics={"counted": sum(seen)})
+
+        def state_dict(self):
+            return {"seen": list(seen)}
+
+    monkeypatch.setitem(LEARNERS, "counting", Counting)
+    assert rl_finetune.main(make_args(**FAST, trainer="counting", max_steps=2, save_steps=2)) == 0
+    (run,) = _runs(tmp_path)
+    assert seen == [4, 4]
+    assert [(r["loss"], r["counted"]) for r in metrics.read_metrics(run)] == [(0.25, 4), (0.25, 8)]
+    state = torch.load(run / "checkpoint-2" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
+    assert state["state"]["ranks"][0]["learner"] == {"seen": [4, 4]}

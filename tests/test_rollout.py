@@ -68,7 +68,7 @@ def test_stored_logprobs_equal_a_fresh_recomputation(players):
     decisions = [d for e in episodes for d in e.decisions]
     scorer = PolicyScorer(policy, tokenizer, max_seq_length=1024, temperature=1.0)
     with torch.no_grad():
-        logp, *_ = scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions])
+        logp = scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions]).logprobs
     fresh = logp[torch.arange(len(decisions)), torch.tensor([d.action for d in decisions])]
     torch.testing.assert_close(fresh, torch.tensor([d.logprob for d in decisions]), atol=1e-5, rtol=1e-5)
     entropy = -(logp.exp() * logp.masked_fill(logp.isinf(), 0)).sum(-1)
@@ -88,9 +88,9 @@ def test_prompt_in_a_padded_batch_scores_as_alone(players):
     long = policy_prompt(obs, env.action_head, "Head south now.")
     valid = [LABEL_INDEX[label] for label in info["labels"]]
     with torch.no_grad():
-        batch, *_ = scorer.logprobs([short, long], [valid, valid])
-        alone_short, *_ = scorer.logprobs([short], [valid])
-        alone_long, *_ = scorer.logprobs([long], [valid])
+        batch = scorer.logprobs([short, long], [valid, valid]).logprobs
+        alone_short = scorer.logprobs([short], [valid]).logprobs
+        alone_long = scorer.logprobs([long], [valid]).logprobs
     assert len(tokenizer(long)["input_ids"]) > len(tokenizer(short)["input_ids"]) + 50
     torch.testing.assert_close(batch[0, valid], alone_short[0, valid], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(batch[1, valid], alone_long[0, valid], atol=1e-5, rtol=1e-5)
@@ -104,9 +104,9 @@ def test_full_head_gives_the_same_label_distribution(players):
     valid = [LABEL_INDEX[label] for label in info["labels"]]
     prompt = policy_prompt(obs, env.action_head)
     with torch.no_grad():
-        shrunk, *_ = scorer.logprobs([prompt], [valid])
+        shrunk = scorer.logprobs([prompt], [valid]).logprobs
         with models.full_head(policy):
-            full, *_ = scorer.logprobs([prompt], [valid])
+            full = scorer.logprobs([prompt], [valid]).logprobs
     torch.testing.assert_close(shrunk, full)
 
 
@@ -166,12 +166,12 @@ def test_greedy_rollout_picks_the_argmax(players):
     episode = rollout.run([env], [EpisodeStart(seed=2, options={})], np.random.default_rng(0))[0]
     scorer = PolicyScorer(policy, tokenizer, 1024, 1.0)
     with torch.no_grad():
-        logp, *_ = scorer.logprobs([episode.decisions[0].prompt], [episode.decisions[0].valid])
+        logp = scorer.logprobs([episode.decisions[0].prompt], [episode.decisions[0].valid]).logprobs
     assert episode.decisions[0].action == int(logp.argmax())
 
 
 def test_saycan_scores_with_and_without_the_cache_agree(players):
-    from rollout import SayCanScorer
+    from benchmarks.saycan import SayCanScorer
 
     policy, tokenizer, *_ = players
     env = make_env("taxi")

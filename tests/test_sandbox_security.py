@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.auto_explore import ERROR_COST, STEP_COST, AutoExploreEnv
-from envs.sandbox import Sandbox, is_safe_name, printable, quote_path
+from envs.sandbox import Sandbox
+from envs.sandbox_paths import is_safe_name, printable, quote_path
 
 SECRET = "TOPSECRET-9f2c41d7"
 HIDDEN_SECRET = "HIDDENSECRET-3b8e05aa"

@@ -28,12 +28,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_gen.common import DATA_DIR, Journal, api_reflection, item_rng, print_counts, random_prob, write_json
+from data_gen.common import Journal, api_reflection, item_rng, print_counts, random_prob, write_json
 from data_gen.common import journal_name as common_journal_name
-from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
-from experiment_args import parse_args
+from experiment_args import parse_args, require_env
+from llm import make_client, model_name, stops_on_llm_error
+from paths import DATA_DIR
 from prompts import split_observation
 
 logger = logging.getLogger(__name__)
@@ -335,7 +336,7 @@ def journal_name(args) -> str:
 
 @stops_on_llm_error(STEP, "episodes")
 def main(args) -> int:
-    args.env = "alfworld"
+    require_env(args, "alfworld", STEP)
     out_dir = Path(OUT_DIR if args.output_dir is None else args.output_dir)
     # The env names --alfworld_data and $ALFWORLD_DATA when neither gives a data root.
     env = make_env("alfworld", **env_kwargs(args, run_dir=out_dir))
@@ -362,4 +363,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.alfworld.reflection")))
+    sys.exit(main(parse_args(prog="python -m data_gen.alfworld.reflection", env="alfworld")))

@@ -19,22 +19,19 @@ import hashlib
 import json
 from pathlib import Path
 
-from data_gen.common import DATA_DIR
-from envs.auto_explore import task_targets
+from envs.auto_explore import DEFAULT_REPOS_DIR, task_targets
 from envs.sandbox import is_safe_name
+from paths import DATA_DIR
 
 DATA_ROOT = DATA_DIR / "auto_explore"
 RAW_REPOS_DIR = DATA_ROOT / "repos"
-REPOS_DIR = DATA_ROOT / "repos_filtered"
 TASKS_DIR = DATA_ROOT / "tasks"
 FILTERED_DIR = DATA_ROOT / "tasks_filtered"
-
-TASK_FIELDS = ("question", "answer", "optimal_path", "filename", "root", "n_level", "model")
 
 
 def filtered_repos_dir(args) -> Path:
     """The folder of filtered repositories that tasks' ``root`` names live in."""
-    path = Path(args.repo_dir) if args.repo_dir else REPOS_DIR
+    path = Path(args.repo_dir) if args.repo_dir else DEFAULT_REPOS_DIR
     if not path.is_dir():
         raise ValueError(f"--repo_dir: folder of filtered repositories {str(path)!r} not found "
                          "(run data_gen.auto_explore.filter_repo first)")
@@ -45,10 +42,6 @@ def list_repos(folder: Path) -> list[str]:
     """The repository folder names directly under ``folder``, sorted (hidden and odd names skipped)."""
     return sorted(entry.name for entry in folder.iterdir()
                   if entry.is_dir() and not entry.is_symlink() and is_safe_name(entry.name))
-
-
-def depth(path: str) -> int:
-    return path.count("/")
 
 
 def task_key(task: dict) -> str:

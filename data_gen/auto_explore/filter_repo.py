@@ -22,8 +22,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from data_gen.auto_explore import REPOS_DIR, depth
 from data_gen.common import print_counts
+from envs.auto_explore import DEFAULT_REPOS_DIR, target_depth
 from envs.sandbox import MAX_COPY_BYTES, file_kind, is_safe_name
 from experiment_args import parse_args
 from prompts import LABELS
@@ -102,7 +102,7 @@ def filter_tree(source: Path, target: Path, counts: Counter, rel_dir: str = "") 
             continue
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         (target / rel).write_bytes(data)
-        counts[f"kept at depth {depth(rel)}"] += 1
+        counts[f"kept at depth {target_depth(rel)}"] += 1
         kept += 1
     return kept
 
@@ -145,7 +145,7 @@ def main(args) -> int:
     repo_dir = Path(args.repo_dir)
     if not repo_dir.is_dir():
         raise ValueError(f"--repo_dir: {str(repo_dir)!r} is not a folder")
-    out_dir = Path(args.output_dir) if args.output_dir else REPOS_DIR
+    out_dir = Path(args.output_dir) if args.output_dir else DEFAULT_REPOS_DIR
     if out_dir.resolve() == repo_dir.resolve() or repo_dir.resolve() in out_dir.resolve().parents:
         raise ValueError(f"--output_dir: {str(out_dir)!r} must not be inside --repo_dir={str(repo_dir)!r} "
                          "(it would be read as a repository next time)")

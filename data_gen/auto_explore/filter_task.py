@@ -16,9 +16,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from data_gen.auto_explore import FILTERED_DIR, TASKS_DIR, depth, filtered_repos_dir
-from data_gen.common import print_counts, read_json, write_json
-from envs.auto_explore import optimal_path, task_targets
+from data_gen.auto_explore import FILTERED_DIR, TASKS_DIR, filtered_repos_dir
+from data_gen.common import print_counts, write_json
+from envs.auto_explore import load_tasks, optimal_path, target_depth, task_targets
 from envs.sandbox import SandboxError, file_kind, resolve
 from experiment_args import parse_args
 
@@ -32,13 +32,7 @@ def read_tasks(task_file: Path) -> list[dict]:
             raise ValueError(f"--task_file: no per-repo task file (*.json) in folder {str(task_file)!r}")
     else:
         files = [task_file]
-    tasks = []
-    for path in files:
-        loaded = read_json(path)
-        if not isinstance(loaded, list):
-            raise ValueError(f"--task_file: {path} must hold a list of tasks, got {type(loaded).__name__}")
-        tasks += loaded
-    return tasks
+    return [task for path in files for task in load_tasks(path, whole_records=True)]
 
 
 def existing_targets(task: dict, repos_dir: Path) -> list[str]:
@@ -86,7 +80,7 @@ def filter_tasks(tasks: list[dict], repos_dir: Path, counts: Counter) -> list[di
         task, targets = entry["task"], sorted(entry["targets"])
         task["filename"] = targets[0] if len(targets) == 1 else targets
         task["optimal_path"] = optimal_path(task)
-        task["n_level"] = min(depth(t) for t in targets)
+        task["n_level"] = min(target_depth(t) for t in targets)
         kept.append(task)
     return kept
 

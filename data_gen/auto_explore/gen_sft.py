@@ -19,9 +19,9 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
-from data_gen.common import item_rng, print_counts, read_json, write_jsonl
+from data_gen.common import item_rng, print_counts, write_jsonl
 from data_gen.sft import sft_texts
-from envs.auto_explore import AutoExploreEnv
+from envs.auto_explore import AutoExploreEnv, load_tasks
 from envs.base import rng_seed
 from experiment_args import parse_args
 
@@ -85,9 +85,7 @@ def trajectory_texts(env: AutoExploreEnv, task: dict, trajectory: dict, seed: in
 
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "train.json"
-    records = read_json(task_file)
-    if not isinstance(records, list):
-        raise ValueError(f"--task_file: {task_file} must hold a list of tasks with trajectories")
+    records = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     env = AutoExploreEnv(horizon=args.horizon, shuffle_action=args.shuffle_action, leaveout_prob=0.0,
                          repos_dir=filtered_repos_dir(args))

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import yaml
 
-from data_gen.auto_explore import TASKS_DIR, depth, filtered_repos_dir, list_repos
+from data_gen.auto_explore import TASKS_DIR, filtered_repos_dir, list_repos
 from data_gen.common import Journal, file_digest, item_rng, journal_name, print_counts, write_json
-from data_gen.llm import make_client, model_name, stops_on_llm_error
-from envs.auto_explore import optimal_path
+from envs.auto_explore import optimal_path, target_depth
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
 from experiment_args import parse_args
+from llm import make_client, model_name, stops_on_llm_error
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def repo_files(repo_path: Path) -> list[str]:
 
 def make_task(question: str, answer: str, rel: str, repo: str, model: str) -> dict:
     task = {"question": question, "answer": answer, "optimal_path": [], "filename": rel, "root": repo,
-            "n_level": depth(rel), "model": model}
+            "n_level": target_depth(rel), "model": model}
     task["optimal_path"] = optimal_path(task)
     return task
 
@@ -331,7 +331,7 @@ def main(args) -> int:
     for repo in repos:
         repo_path = repos_dir / repo
         files = repo_files(repo_path)
-        shallow = [rel for rel in files if depth(rel) <= MAX_TASK_DEPTH]
+        shallow = [rel for rel in files if target_depth(rel) <= MAX_TASK_DEPTH]
         rng = item_rng(args.seed, "gen_task", repo)
         picks = sorted(rng.choice(len(shallow), size=min(MAX_FILES_PER_REPO, len(shallow)), replace=False)) \
             if shallow else []

@@ -32,11 +32,11 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
-from data_gen.common import Journal, item_rng, journal_name, print_counts, read_json, write_json
-from data_gen.llm import make_client, model_name, stops_on_llm_error
-from envs.auto_explore import AutoExploreEnv, optimal_path, task_targets
+from data_gen.common import Journal, item_rng, journal_name, print_counts, write_json
+from envs.auto_explore import AutoExploreEnv, load_tasks, optimal_path, task_targets
 from envs.base import rng_seed
 from experiment_args import parse_args
+from llm import make_client, model_name, stops_on_llm_error
 
 logger = logging.getLogger(__name__)
 
@@ -236,9 +236,7 @@ def task_trajectories(args, client, env: AutoExploreEnv, task: dict) -> dict:
 @stops_on_llm_error(STEP, "tasks")
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data.json"
-    tasks = read_json(task_file)
-    if not isinstance(tasks, list):
-        raise ValueError(f"--task_file: {task_file} must hold a list of tasks")
+    tasks = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     env = AutoExploreEnv(horizon=args.horizon, leaveout_prob=0.0, repos_dir=filtered_repos_dir(args))
     try:

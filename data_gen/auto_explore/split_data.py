@@ -11,7 +11,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR
-from data_gen.common import item_rng, print_counts, read_json, write_json
+from data_gen.common import item_rng, print_counts, write_json
+from envs.auto_explore import load_tasks
 from experiment_args import parse_args
 
 SPLITS = {"train": 0.7, "validate": 0.2, "test": 0.1}
@@ -37,9 +38,7 @@ def split_tasks(tasks: list[dict], seed: int) -> dict[str, list[dict]]:
 
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data_reflection_negative.json"
-    tasks = read_json(task_file)
-    if not isinstance(tasks, list):
-        raise ValueError(f"--task_file: {task_file} must hold a list of tasks")
+    tasks = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     splits = split_tasks(tasks, args.seed)
     counts = {}

@@ -13,13 +13,14 @@ names the direction that the BFS plan takes next.
 
 import sys
 
-from data_gen.common import DATA_DIR, Journal, api_reflection, item_rng, print_counts, random_prob, write_json
+from data_gen.common import Journal, api_reflection, item_rng, print_counts, random_prob, write_json
 from data_gen.common import journal_name as common_journal_name
-from data_gen.llm import make_client, model_name, stops_on_llm_error
 from envs import make_env
 from envs.base import rng_seed
-from envs.taxi import DangerousTaxiEnv
-from experiment_args import parse_args
+from envs.taxi import DangerousTaxiEnv, curriculum_at
+from experiment_args import parse_args, require_env
+from llm import make_client, model_name, stops_on_llm_error
+from paths import DATA_DIR
 
 DEFAULT_RANDOM_PROB = 0.9
 OUT_DIR = DATA_DIR / "taxi"
@@ -99,14 +100,12 @@ def journal_name(args) -> str:
 
 
 def _curriculum(args) -> str:
-    if args.taxi_curriculum and args.curriculum_index is not None:
-        return ("pickup", "dropoff", "full")[args.curriculum_index]
-    return "full"
+    return curriculum_at(args.curriculum_index if args.taxi_curriculum else None)
 
 
 @stops_on_llm_error(STEP, "episodes")
 def main(args) -> int:
-    args.env = "taxi"
+    require_env(args, "taxi", STEP)
     out_dir = OUT_DIR if args.output_dir is None else args.output_dir
     client = make_client(args)
     journal = Journal(out_dir, journal_name(args))
@@ -121,4 +120,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.taxi.reflection")))
+    sys.exit(main(parse_args(prog="python -m data_gen.taxi.reflection", env="taxi")))

@@ -1,4 +1,4 @@
-"""The RL learners' pieces as small pure functions: returns, losses, replay, critic.
+"""The learners' pure pieces: returns, losses and the critic head.
 
 Costs, not rewards: an environment's reward is ``-cost``. The policy minimises cost,
 so the REINFORCE loss pushes down the log-probability of costly actions.
@@ -7,10 +7,8 @@ All losses are summed over decisions and divided by the number of episodes in th
 batch, so PG and the first PPO epoch (ratio 1) give the same gradient.
 """
 
-from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -66,33 +64,3 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden).squeeze(-1)
-
-
-class ReplayBuffer:
-    """The most recent successful episodes (as dicts), sampled alongside fresh data."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.episodes: deque = deque(maxlen=capacity if capacity > 0 else 0)
-
-    def __len__(self) -> int:
-        return len(self.episodes)
-
-    def add(self, episode: dict) -> None:
-        if self.capacity > 0 and episode["success"]:
-            self.episodes.append(episode)
-
-    def sample(self, count: int, rng: np.random.Generator) -> list[dict]:
-        """Up to ``count`` distinct episodes, uniformly."""
-        count = min(count, len(self.episodes))
-        if count == 0:
-            return []
-        picks = rng.choice(len(self.episodes), size=count, replace=False)
-        return [self.episodes[int(i)] for i in sorted(picks)]
-
-    def state_dict(self) -> dict:
-        return {"capacity": self.capacity, "episodes": list(self.episodes)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.capacity = state["capacity"]
-        self.episodes = deque(state["episodes"], maxlen=self.capacity if self.capacity > 0 else 0)

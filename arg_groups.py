@@ -1,0 +1,325 @@
+"""The settings, one dataclass per purpose; :class:`experiment_args.ScriptArguments` composes them.
+
+Each group checks its own fields in ``__post_init__`` (a ``ValueError`` naming the flag)
+and then calls ``super().__post_init__()``, so the composed class runs every group's
+checks once. A field's ``help`` is its ``--help`` text; each group's ``TITLE`` is its
+``--help`` section.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from paths import REPO_ROOT
+
+logger = logging.getLogger(__name__)
+
+ALFWORLD_PAPER_TASK = "pick_and_place_simple-Tomato-None-Microwave"
+
+
+def _arg(default, help: str, **kwargs):
+    """A dataclass field carrying its help string (and argparse extras such as aliases)."""
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+def need(ok: bool, flag: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"--{flag}: {message}")
+
+
+def _at_least(args, minimum, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        need(value is None or value >= minimum, name, f"must be >= {minimum}, got {value}")
+
+
+def _positive(args, *names: str) -> None:
+    for name in names:
+        need(getattr(args, name) > 0, name, f"must be > 0, got {getattr(args, name)}")
+
+
+def _probability(args, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        need(value is None or 0.0 <= value <= 1.0, name, f"must be in [0, 1], got {value}")
+
+
+@dataclass
+class _Group:
+    """End of the ``__post_init__`` chain: each group checks its fields, then calls ``super()``."""
+
+    def __post_init__(self) -> None:
+        pass
+
+
+@dataclass
+class ModelArguments(_Group):
+    """The models of a run: the base model, the adapters to start from, LoRA and precision."""
+
+    TITLE: ClassVar[str] = "model, LoRA and precision"
+
+    model_name: str = _arg(
+        "gpt2-xl",
+        "Base model: a Hugging Face hub id, a local model directory, or 'tiny-gpt2' "
+        "(built offline, random weights, for tests and the CPU demo).")
+    load_dir: str | None = _arg(
+        None,
+        "Adapter directory of the policy to start from (an SFT checkpoint-N/). "
+        "RL fine-tunes it; without it RL trains a new LoRA on the base model.")
+    reflect_model_name: str | None = _arg(
+        None, "Base model of the reflection model (default: --model_name).")
+    reflect_load_dir: str | None = _arg(
+        None,
+        "Adapter directory of the frozen reflection model. Reflection is used iff this is given "
+        "(unless --reflect says otherwise).", aliases=["--reflectload_dir"])
+    use_peft: bool = _arg(True, "Train LoRA adapters (peft) instead of all weights.")
+    peft_lora_r: int = _arg(64, "LoRA rank.")
+    peft_lora_alpha: int = _arg(16, "LoRA alpha.")
+    lora_dropout: float = _arg(0.1, "LoRA dropout.")
+    lora_target_modules: list[str] | None = _arg(
+        None, "Module names LoRA adapts (default: peft's choice for the architecture).")
+    load_in_8bit: bool = _arg(
+        True, "Load the base model in 8 bits (bitsandbytes; CUDA only, ignored on CPU).")
+    load_in_4bit: bool = _arg(False, "Load the base model in 4 bits (bitsandbytes; CUDA only).")
+    bf16: bool = _arg(True, "Compute in bfloat16 (CUDA only; fp32 on CPU).")
+    fp16: bool = _arg(False, "Compute in float16 (CUDA only).")
+    gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
+    shrink_head: bool = _arg(
+        False,
+        "Replace the policy's LM head by one over the choice-label tokens only "
+        "(rows copied from the model's head, frozen).")
+    max_seq_length: int = _arg(
+        1024, "Longest prompt in tokens; longer prompts are cut from the left.")
+
+    def __post_init__(self) -> None:
+        need(not (self.load_in_8bit and self.load_in_4bit), "load_in_4bit", "cannot be combined with --load_in_8bit")
+        need(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
+        _at_least(self, 1, "peft_lora_r")
+        _at_least(self, 16, "max_seq_length")
+        _positive(self, "peft_lora_alpha")
+        need(0.0 <= self.lora_dropout < 1.0, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        super().__post_init__()
+
+
+@dataclass
+class OptimArguments(_Group):
+    """The optimiser, steps and batch sizes of SFT and RL, and the run's seed."""
+
+    TITLE: ClassVar[str] = "optimisation"
+
+    learning_rate: float = _arg(2e-4, "Adam learning rate (SFT and RL).")
+    weight_decay: float = _arg(0.001, "Adam weight decay.")
+    max_grad_norm: float = _arg(0.3, "Gradient-norm clip.")
+    lr_scheduler_type: str = _arg("constant", "Learning-rate schedule of SFT (HF names).")
+    warmup_ratio: float = _arg(
+        0.0, "Warm-up fraction of SFT; needs a schedule with warm-up, e.g. constant_with_warmup (the paper's "
+        "0.03 did nothing under its constant schedule).")
+    max_steps: int = _arg(2000, "SFT optimiser steps, or RL iterations.")
+    per_device_train_batch_size: int = _arg(4, "SFT batch size per device.")
+    gradient_accumulation_steps: int = _arg(1, "SFT gradient accumulation steps.")
+    seed: int = _arg(42, "Seed of every random generator of the run.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "learning_rate", "max_grad_norm")
+        _at_least(self, 0, "weight_decay")
+        _at_least(self, 1, "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps")
+        need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_ratio > 0 and self.lr_scheduler_type == "constant":
+            logger.warning("--warmup_ratio %s has no effect with --lr_scheduler_type constant "
+                           "(use constant_with_warmup)", self.warmup_ratio)
+        super().__post_init__()
+
+
+@dataclass
+class EnvArguments(_Group):
+    """Which environment, and how it is configured."""
+
+    TITLE: ClassVar[str] = "environment"
+
+    env: Literal["auto_explore", "taxi", "alfworld"] = _arg(
+        "auto_explore", "Environment to train or evaluate on (--scenario, the paper's name in evaluate_gpt).",
+        aliases=["--scenario"])
+    horizon: int | None = _arg(
+        None, "Steps before an episode is truncated (default: the environment's own).")
+    shuffle_action: bool = _arg(
+        False, "Show each action list with a random sample of the choice labels.")
+    with_prompt: bool = _arg(False, "Taxi: start the observation with the rule description.")
+    with_history: bool = _arg(
+        False, "Taxi: show the initial grid and each step's action and grid, not just action names.")
+    easy: bool = _arg(False, "AutoExplore: the question is 'Find <file>'.")
+    first_step: bool = _arg(
+        False, "Train the first decision only (a contextual bandit; AutoExplore and Taxi).")
+    leaveout_prob: float = _arg(
+        0.5,
+        "AutoExplore: probability to leave an entry off the path to the target out of the sandbox "
+        "(training only; evaluation uses 0).")
+    alfworld_data: str | None = _arg(
+        None, "ALFWorld json_2.1.1 data root (default: $ALFWORLD_DATA).")
+    alfworld_task: str = _arg(
+        ALFWORLD_PAPER_TASK, "ALFWorld task family: trial folder name prefix ('' for all).")
+    alfworld_split: str = _arg(
+        "train", "ALFWorld split for training: train, valid_seen, valid_unseen, valid_train, or valid (all three valid_*; what evaluation uses).")
+    alfworld_expert: Literal["handcoded", "planner"] = _arg(
+        "handcoded", "ALFWorld expert giving the oracle action.")
+    alfworld_timeout: float = _arg(
+        60.0, "Seconds an ALFWorld reset or step may take before the game is skipped.")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "horizon")
+        _probability(self, "leaveout_prob")
+        _positive(self, "alfworld_timeout")
+        need(not (self.first_step and self.env == "alfworld"), "first_step", "is for --env=auto_explore or taxi")
+        super().__post_init__()
+
+
+@dataclass
+class RLArguments(_Group):
+    """The RL learner, the two-player rollout, and resuming."""
+
+    TITLE: ClassVar[str] = "reinforcement learning"
+
+    trainer: str = _arg("pg", "RL learner, a name of rl_algorithms.LEARNERS: pg (REINFORCE, the paper), ppo, refuel.")
+    baseline: Literal["none", "mean", "critic"] = _arg(
+        "none", "Baseline subtracted from the cost-to-go (the paper: none).")
+    reflect: bool | None = _arg(
+        None,
+        "Use reflection (RL/eval: default on iff --reflect_load_dir is given; SFT: default "
+        "decided by the data's markers).")
+    reflect_prob: float = _arg(
+        1.0, "Probability that a step's policy prompt includes a reflection.")
+    reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.")
+    temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
+    per_device_eval_batch_size: int = _arg(
+        8, "Episodes rolled out in parallel per device (RL and evaluation).")
+    replay_buffer_size: int = _arg(
+        50, "Recent successful episodes kept for replay (0 turns replay off).")
+    replay_batch_size: int = _arg(
+        4, "Replayed episodes trained on per iteration alongside the fresh ones.")
+    ppo_clip: float = _arg(0.1, "PPO ratio clip.")
+    ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.")
+    refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.")
+    resume_from: str | None = _arg(
+        None, "RL checkpoint directory to continue from, exactly where it stopped.")
+
+    def __post_init__(self) -> None:
+        from rl_algorithms import LEARNERS  # the registry is the one list of learners
+
+        need(self.trainer in LEARNERS, "trainer", f"{self.trainer!r} is not one of {tuple(LEARNERS)}")
+        _at_least(self, 1, "reflect_max_new_tokens", "per_device_eval_batch_size", "ppo_epochs")
+        _at_least(self, 0, "replay_buffer_size", "replay_batch_size")
+        _positive(self, "temperature", "ppo_clip", "refuel_eta")
+        _probability(self, "reflect_prob")
+        need(self.trainer != "refuel" or self.baseline == "none", "baseline",
+              "REFUEL regresses return differences and takes no baseline")
+        super().__post_init__()
+
+
+@dataclass
+class CurriculumArguments(_Group):
+    """Which tasks each RL iteration trains on."""
+
+    TITLE: ClassVar[str] = "curriculum"
+
+    taxi_curriculum: bool = _arg(
+        False, "Taxi: train pickup, then drop-off, then the full task, a third of the steps each.")
+    depth_curriculum: bool = _arg(
+        False, "AutoExplore: train on targets of increasing depth.")
+    merge_first_two: bool = _arg(False, "AutoExplore curriculum: merge depths 0 and 1.")
+    merge_after_first_k: int = _arg(
+        3, "AutoExplore curriculum: depths beyond the first k levels form one last level.")
+    curriculum_index: int | None = _arg(
+        None, "Train (or evaluate) one curriculum level only.")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "merge_after_first_k")
+        _at_least(self, 0, "curriculum_index")
+        need(not self.merge_first_two or self.depth_curriculum, "merge_first_two", "needs --depth_curriculum")
+        need(self.curriculum_index is None or self.taxi_curriculum or self.depth_curriculum, "curriculum_index",
+              "needs --taxi_curriculum or --depth_curriculum")
+        super().__post_init__()
+
+
+@dataclass
+class DataArguments(_Group):
+    """Inputs and outputs of SFT and of the data-generation steps."""
+
+    TITLE: ClassVar[str] = "data and data generation"
+
+    task_file: str | None = _arg(
+        None, "SFT: a .jsonl of {'text'} records. AutoExplore RL/eval: a tasks .json file.")
+    output_dir: str | None = _arg(None, "Data generation: output folder (default: the step's data/<env>/ path).")
+    num_episodes: int = _arg(200, "Data generation: episodes (Taxi, ALFWorld) to roll out.")
+    random_prob: float | None = _arg(
+        None, "Data generation: probability of a random action instead of the oracle's "
+        "(default: 0.9 for Taxi, 0.7 for ALFWorld, as in the paper).")
+    repo_dir: str | None = _arg(
+        None, "A repository folder: the repo envs.play explores; AutoExplore data: the folder of repos a step "
+        "reads (filter_repo: the raw repos; later steps: the filtered ones, default "
+        "data/auto_explore/repos_filtered).")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "num_episodes")
+        _probability(self, "random_prob")
+        super().__post_init__()
+
+
+@dataclass
+class LLMArguments(_Group):
+    """The LLM behind data generation and the API-model evaluations."""
+
+    TITLE: ClassVar[str] = "LLM backend"
+
+    api: Literal["openai", "azure", "local", "oracle"] = _arg(
+        "openai", "LLM backend for data generation and GPT evaluation.")
+    model: str = _arg("gpt-4", "Model (or Azure deployment) name of the LLM backend.")
+    base_url: str = _arg(
+        "http://localhost:1234/v1", "Address of the OpenAI-compatible server of --api=local.")
+    llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).")
+    llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.")
+    llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 0, "llm_max_retries")
+        _positive(self, "llm_timeout")
+        need(not self.base_url or self.base_url.startswith(("http://", "https://")), "base_url",
+              f"must start with http:// or https://, got {self.base_url!r}")
+        super().__post_init__()
+
+
+@dataclass
+class EvalArguments(_Group):
+    """Evaluation and envs.play."""
+
+    TITLE: ClassVar[str] = "evaluation"
+
+    eval_reps: int = _arg(10, "Times each test task is run in evaluation.")
+    policy: Literal["oracle", "random", "human"] = _arg(
+        "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).")
+    runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
+    eval_load_list: str | None = _arg(
+        None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "eval_reps", "runs")
+        super().__post_init__()
+
+
+@dataclass
+class LoggingArguments(_Group):
+    """Where runs are written, and how often."""
+
+    TITLE: ClassVar[str] = "logging and checkpoints"
+
+    ckpt_path: str = _arg(
+        str(REPO_ROOT / "results"), "Folder holding the run directories <id>_<script>/.")
+    save_steps: int = _arg(100, "Checkpoint every this many SFT steps or RL iterations.")
+    logging_steps: int = _arg(10, "SFT: log the loss every this many steps.")
+    expdirs: list[str] | None = _arg(
+        None, "visualization.plot: run directories to plot (NAME=DIR sets the legend label).")
+    output_file: str | None = _arg(None, "Where a script writes its single output file (plot PNG ...).")
+    config: str | None = _arg(
+        None, "YAML file of flag values; explicit command-line flags override it.")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "save_steps", "logging_steps")
+        super().__post_init__()

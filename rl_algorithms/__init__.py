@@ -1,0 +1,21 @@
+"""The RL learners, one file each, behind one interface (:class:`Learner`).
+
+``--trainer NAME`` picks ``LEARNERS[NAME]``. To add a learner, write a ``Learner``
+subclass in a new file here and add one line to ``LEARNERS``.
+"""
+
+from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
+from rl_algorithms.losses import ValueHead, cost_to_go, pg_loss, ppo_loss, refuel_loss, value_loss
+from rl_algorithms.pg import PolicyGradient, ReplayBuffer
+from rl_algorithms.ppo import PPO
+from rl_algorithms.refuel import Refuel, refuel_pairs
+
+LEARNERS: dict[str, type[Learner]] = {
+    "pg": PolicyGradient,  # REINFORCE with replay (the paper)
+    "ppo": PPO,
+    "refuel": Refuel,
+}
+
+__all__ = ["LEARNERS", "PPO", "Learner", "Play", "PolicyGradient", "Refuel", "ReplayBuffer", "UpdateResult",
+           "ValueHead", "cost_to_go", "flat_decisions", "pg_loss", "ppo_loss", "refuel_loss", "refuel_pairs",
+           "value_loss"]

@@ -1,0 +1,80 @@
+"""REINFORCE on the cost-to-go, with replay of recent successes (the paper's learner).
+
+Each update trains on the fresh episodes plus up to ``--replay_batch_size`` successful
+episodes drawn from a buffer of the last ``--replay_buffer_size`` successes; with
+``--baseline critic`` a value head on the policy's hidden state learns the cost-to-go
+alongside.
+"""
+
+from collections import deque
+
+import numpy as np
+
+from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
+from rl_algorithms.losses import pg_loss, value_loss
+from rollout import Episode
+
+
+class PolicyGradient(Learner):
+    def __init__(self, args, scorer, accelerator):
+        super().__init__(args, scorer, accelerator)
+        self.replay = ReplayBuffer(args.replay_buffer_size)
+
+    def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
+        replayed = [Episode.from_dict(e) for e in self.replay.sample(self.args.replay_batch_size, rng)]
+        batch = episodes + replayed
+        decisions, q = flat_decisions(batch)
+        total, critic_total = 0.0, 0.0
+        for scored in self.score(decisions):
+            q_chunk = q[scored.start:scored.start + len(scored.decisions)].to(scored.logprobs.device)
+            loss = pg_loss(scored.logprobs, q_chunk, self.baseline(q.to(q_chunk.device), scored.values), len(batch))
+            if scored.values is not None:
+                critic_loss = value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
+                critic_total += critic_loss.item()
+                loss = loss + critic_loss
+            loss.backward()
+            total += loss.item()
+        applied, grad_norm = self.step(total)
+        for episode in episodes:
+            self.replay.add(episode.to_dict())
+        metrics = {"grad_norm": grad_norm, "replayed": len(replayed), "replay_size": len(self.replay)}
+        if self.critic is not None:
+            metrics["critic_loss"] = critic_total
+        return UpdateResult(total, applied, metrics)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "replay": self.replay.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.replay.load_state_dict(state["replay"])
+
+
+class ReplayBuffer:
+    """The most recent successful episodes (as dicts), sampled alongside fresh data."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.episodes: deque = deque(maxlen=capacity if capacity > 0 else 0)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def add(self, episode: dict) -> None:
+        if self.capacity > 0 and episode["success"]:
+            self.episodes.append(episode)
+
+    def sample(self, count: int, rng: np.random.Generator) -> list[dict]:
+        """Up to ``count`` distinct episodes, uniformly."""
+        count = min(count, len(self.episodes))
+        if count == 0:
+            return []
+        picks = rng.choice(len(self.episodes), size=count, replace=False)
+        return [self.episodes[int(i)] for i in sorted(picks)]
+
+    def state_dict(self) -> dict:
+        return {"capacity": self.capacity, "episodes": list(self.episodes)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.capacity = state["capacity"]
+        self.episodes = deque(state["episodes"], maxlen=self.capacity if self.capacity > 0 else 0)

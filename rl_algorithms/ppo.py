@@ -1,0 +1,45 @@
+"""PPO: ``--ppo_epochs`` clipped-surrogate steps on each batch of episodes.
+
+The behaviour log-probabilities are those recorded in the rollout, so the first epoch's
+gradient equals REINFORCE's. Reports the approximate KL to the behaviour policy and the
+fraction of clipped ratios of the last epoch.
+"""
+
+import numpy as np
+import torch
+
+from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
+from rl_algorithms.losses import ppo_loss, value_loss
+from rollout import Episode
+
+
+class PPO(Learner):
+    def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
+        decisions, q = flat_decisions(episodes)
+        old = torch.tensor([d.logprob for d in decisions])
+        clip = self.args.ppo_clip
+        applied = True
+        for _ in range(self.args.ppo_epochs):
+            total, log_ratios = 0.0, []
+            for scored in self.score(decisions):
+                end = scored.start + len(scored.decisions)
+                q_chunk = q[scored.start:end].to(scored.logprobs.device)
+                old_chunk = old[scored.start:end].to(scored.logprobs.device)
+                loss = ppo_loss(scored.logprobs, old_chunk, q_chunk,
+                                self.baseline(q.to(q_chunk.device), scored.values), clip, len(episodes))
+                if scored.values is not None:
+                    loss = loss + value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
+                loss.backward()
+                total += loss.item()
+                log_ratios.append((scored.logprobs.detach() - old_chunk).cpu())
+            ok, grad_norm = self.step(total)
+            applied = applied and ok
+        log_ratio = torch.cat(log_ratios) if log_ratios else torch.zeros(0)
+        ratio = log_ratio.exp()
+        return UpdateResult(total, applied, {
+            "grad_norm": grad_norm,
+            "ppo_ratio_max": float(ratio.max()) if len(ratio) else 1.0,
+            # the low-variance estimator of KL(behaviour || current): E[(r - 1) - log r]
+            "approx_kl": float(((ratio - 1) - log_ratio).mean()) if len(ratio) else 0.0,
+            "clip_fraction": float(((ratio - 1).abs() > clip).float().mean()) if len(ratio) else 0.0,
+        })

@@ -1,0 +1,136 @@
+"""Small known repositories for the AutoExplore tests, and helpers to run the env and the pipeline on them.
+
+* :func:`build_repo`: one repository for the env's own tests (a target at depth 2);
+* :func:`build_repos`: two repositories for the data pipeline, with the junk ``filter_repo``
+  must drop; :data:`KEPT` is what it must keep.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from envs.auto_explore import AutoExploreEnv
+from experiment_args import ScriptArguments
+
+
+def write(path, text: str | bytes = "x\n") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+
+
+TARGET = "src/utils/helpers.py"
+
+
+def build_repo(root: Path) -> Path:
+    """A small known tree: folders, allowed and disallowed files, a name with a space, an empty folder."""
+    write(root / "README.md", "# Demo\nA demo repository.\n")
+    write(root / "main.py", "import os\nprint('main')\n")
+    write(root / "LICENSE", "\n".join(f"license line {i}" for i in range(30)) + "\n")
+    write(root / "docs" / "my file.txt", "notes\n")
+    write(root / "docs" / "guide.rst", "Guide\n=====\n")
+    write(root / "src" / "data.csv", "".join(f"{i},{i * i}\n" for i in range(20)))
+    write(root / "src" / "run.sh", "echo run\n")
+    write(root / "src" / "image.png", "not really\n")
+    write(root / TARGET, "def helper():\n    return 42\n")
+    write(root / "src" / "utils" / "more.go", "package utils\n")
+    (root / "empty").mkdir()
+    return root
+
+
+def make_task(repo, filename=TARGET, question="Which file defines helper()?") -> dict:
+    return {"question": question, "answer": "helpers.py", "filename": filename, "root": str(repo),
+            "optimal_path": [], "n_level": 2, "model": "test"}
+
+
+def make_env(repo, **kwargs) -> AutoExploreEnv:
+    kwargs.setdefault("tasks", [make_task(repo)])
+    return AutoExploreEnv(**kwargs)
+
+
+def run(env, commands):
+    """Step through ``commands``; the list of (reward, terminated, truncated, info)."""
+    steps = []
+    for command in commands:
+        _, reward, terminated, truncated, info = env.step_command(command)
+        steps.append((reward, terminated, truncated, info))
+    return steps
+
+
+def tree(root) -> set[str]:
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for name in dirnames + filenames:
+            found.add(os.path.normpath(os.path.join(rel, name)))
+    return found
+
+
+# What filter_repo must keep of the fixture repositories (see build_repos).
+KEPT = {
+    "alpha": {"README.md", "config.yaml", "contest.py", "docs/guide.rst", "pkg/__init__.py", "pkg/core.py",
+              "pkg/io/loader.py", "pkg/io/readers/deep.py", "data/values.csv"},
+    "beta": {"main.py", "settings.json", "utils/helpers.py", "utils/strings.py", "docs/intro.md",
+             "data/table.tsv", "src/server.go"},
+}
+
+
+def build_repos(root):
+    """Two small repositories: informative files at depths 0-3 and junk that filter_repo must drop."""
+    alpha, beta = root / "alpha", root / "beta"
+    write(alpha / "README.md", "# Alpha\n\nAlpha parses things.\n\n## Installation\n\nRun pip install alpha.\n\n"
+                               "## Usage\n\nCall alpha.run().\n```\n# not a heading\n```\n")
+    write(alpha / "config.yaml", "name: alpha\nversion: 1\nlayers:\n  - a\n  - b\n")
+    write(alpha / "contest.py", 'def score_contest(entries):\n    """Compute the contest score of the entries."""\n'
+                                "    return sum(entries)\n\n\nclass Judge:\n"
+                                '    """Represents a contest judge."""\n')
+    write(alpha / "docs" / "guide.rst", "Guide\n=====\n\nIntro.\n\nConfiguration\n-------------\n\nSet things.\n")
+    write(alpha / "pkg" / "__init__.py", '"""The alpha package."""\nfrom pkg.core import run\n')
+    write(alpha / "pkg" / "core.py", 'def run(config):\n    """Run the alpha pipeline on a config."""\n'
+                                     "    return Pipeline(config)\n\n\nclass Pipeline:\n"
+                                     '    """Builds the processing steps of alpha."""\n\n'
+                                     "def helper_tool():\n    return 1\n")
+    write(alpha / "pkg" / "io" / "loader.py", 'def load_table(path):\n    """Load a table from a csv file."""\n'
+                                              "    return open(path).read()\n")
+    write(alpha / "pkg" / "io" / "readers" / "deep.py", "def deep_read():\n    return 'deep'\n")
+    write(alpha / "data" / "values.csv", "city,population,area\nParis,2100000,105\nLyon,520000,48\n")
+    # junk
+    write(alpha / "LICENSE", "MIT License\n" * 5)
+    write(alpha / "LICENSE.md", "MIT License\n" * 5)
+    write(alpha / "requirements.txt", "numpy\npyyaml\n")
+    write(alpha / "Makefile", "all:\n\techo hi\n")
+    write(alpha / ".hidden.py", "print('hidden file')\n")
+    write(alpha / "_private.py", "def private():\n    return 0\n")
+    write(alpha / "tiny.py", "x = 1\n")
+    write(alpha / "blob.txt", "é" * 60)
+    write(alpha / "naïve.py", "print('non-ascii name')\n")
+    write(alpha / "tests" / "test_contest.py", "def test_score():\n    assert True\n")
+    write(alpha / "examples" / "demo.py", "print('a demo of alpha')\n")
+    write(alpha / "ci" / "build.sh", "echo building alpha\n")
+    write(alpha / "notes" / "_draft.md", "# Draft\nnothing yet\n")
+    write(alpha / "docs" / "conf.py", "project = 'alpha docs'\n")
+    write(alpha / ".git" / "config.yaml", "core: {bare: false}\n")
+    os.symlink("contest.py", alpha / "link.py")
+
+    write(beta / "main.py", 'def main_entry():\n    """Start the beta command line."""\n\n\n'
+                            "def shared_name():\n    return 'main'\n")
+    write(beta / "utils" / "helpers.py", "def shared_name():\n    return 'helpers'\n\n\n"
+                                         'def format_money(x):\n    """Format an amount of money."""\n'
+                                         "    return f'{x:.2f}'\n")
+    write(beta / "utils" / "strings.py", "def slugify(text):\n    return text.lower().replace(' ', '-')\n")
+    write(beta / "docs" / "intro.md", "# Beta intro\n\n## Getting started\n\nInstall beta.\n")
+    write(beta / "data" / "table.tsv", "id\tlabel\tscore\n1\ta\t0.5\n2\tb\t0.7\n")
+    write(beta / "settings.json", json.dumps({"debug": False, "workers": 4}))
+    write(beta / "src" / "server.go", "package app\n\nfunc StartServer(port int) error {\n\treturn nil\n}\n")
+    return root
+
+
+SEED = 7  # the data pipeline tests' seed
+
+
+def make(**overrides) -> ScriptArguments:
+    values = {"model_name": "tiny-gpt2", "seed": SEED, "api": "oracle"}
+    values.update({k: str(v) if hasattr(v, "__fspath__") else v for k, v in overrides.items()})
+    return ScriptArguments(**values)

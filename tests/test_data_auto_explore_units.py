@@ -1,0 +1,82 @@
+"""AutoExplore data pipeline: the steps' pure pieces and flag checks (the chain itself: test_data_auto_explore.py)."""
+
+import time
+
+import pytest
+
+from data_gen.auto_explore import (
+    collect_repos,
+    filter_repo,
+    split_data,
+)
+from data_gen.auto_explore.gen_task import candidate_questions, parse_pairs
+from data_gen.auto_explore.reflection_negative import parse_answer, question_topic
+from envs.sandbox_paths import file_kind
+from tests.auto_explore_repos import make
+
+
+def test_filter_repo_flags_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="--repo_dir"):
+        filter_repo.main(make())
+    with pytest.raises(ValueError, match="--output_dir"):
+        filter_repo.main(make(repo_dir=tmp_path, output_dir=tmp_path / "inside"))
+
+
+def test_oracle_question_kinds():
+    assert candidate_questions("a.py", 'def parse_args():\n    """Parse the command line."""\n') == [
+        "Which file defines the function `parse_args`?", "Where is the function that parses the command line?"]
+    assert candidate_questions("a.md", "# Title\n## Installation\n```\n# code\n```\n") == [
+        "Which document has a section titled 'Title'?", "Which document has a section titled 'Installation'?"]
+    assert candidate_questions("t.csv", "city,area,x\nParis,105,1\n") == [
+        "Which data file has a column named 'city'?", "Which data file has a column named 'area'?"]
+    assert candidate_questions("c.yaml", "name: 1\nsize: 2\n") == ["Which file has the top-level key 'name'?",
+                                                                 "Which file has the top-level key 'size'?"]
+    assert candidate_questions("s.go", "func StartServer(port int) error {\n}\n") == [
+        "Which file defines `StartServer`?"]
+    assert candidate_questions("n.txt", "\n") == []
+
+
+def test_parse_pairs():
+    answer = "Sure!\n1. QUERY: What is x?\nANSWER: It is\n  a number.\n**QUERY:** Why?\n**ANSWER:** Because.\nQUERY: lost"
+    assert parse_pairs(answer) == [("What is x?", "It is a number."), ("Why?", "Because.")]
+    assert parse_pairs("no pairs here") == []
+
+
+def test_parse_answer():
+    labels, actions = ["0", "1", "2"], ["cd pkg", "cat README.md", "id README.md"]
+    assert parse_answer("Reflection: Go in.\nCommand: 0", labels, actions) == ("Go in.", "cd pkg")
+    assert parse_answer("**Reflection:** Read\nit.\n**Command:** `1. cat README.md`", labels, actions) == (
+        "Read it.", "cat README.md")
+    assert parse_answer("Reflection: x\nCommand: id README.md", labels, actions) == ("x", "id README.md")
+    assert parse_answer("Reflection: x\nCommand: 7", labels, actions) is None
+    assert parse_answer("Command: 0", labels, actions) is None
+
+
+def test_split_keeps_a_question_together():
+    tasks = [{"root": "r", "question": f"q{i % 7}", "id": i, "n_level": 0} for i in range(30)]
+    splits = split_data.split_tasks(tasks, seed=3)
+    assert sum(len(p) for p in splits.values()) == 30
+    owner = {}
+    for name, part in splits.items():
+        for task in part:
+            assert owner.setdefault(task["question"], name) == name
+    assert split_data.split_tasks(tasks, seed=3) == splits
+
+
+def test_collected_repos_give_targets_at_depths_0_1_2(tmp_path):
+    start = time.monotonic()
+    assert collect_repos.main(make(output_dir=tmp_path / "repos")) == 0
+    assert filter_repo.main(make(repo_dir=tmp_path / "repos", output_dir=tmp_path / "filtered")) == 0
+    depths = {path.relative_to(repo).as_posix().count("/")
+              for repo in (tmp_path / "filtered").iterdir() for path in repo.rglob("*")
+              if path.is_file() and file_kind(path.name)}
+    assert {0, 1, 2} <= depths
+    assert len(list((tmp_path / "filtered").iterdir())) >= 3
+    assert time.monotonic() - start < 30
+
+
+def test_question_topic():
+    assert question_topic("Which file defines the function `run`?") == "`run`"
+    assert question_topic("Which document has a section titled 'Usage'?") == "'Usage'"
+    assert question_topic("Where is the function that loads a table?") == "the function that loads a table"
+    assert question_topic("How do I  set the level?") == '"How do I set the level"'
