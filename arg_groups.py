@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from paths import REPO_ROOT
+from paths import RESULTS_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +198,9 @@ class RLArguments(_Group):
     ppo_clip: float = _arg(0.1, "PPO ratio clip.")
     ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.")
     refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.")
+    entropy_coef: float = _arg(
+        0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
+        "per episode like the loss (the paper: 0, off).")
     resume_from: str | None = _arg(
         None, "RL checkpoint directory to continue from, exactly where it stopped.")
 
@@ -208,6 +211,7 @@ class RLArguments(_Group):
         _at_least(self, 1, "reflect_max_new_tokens", "per_device_eval_batch_size", "ppo_epochs")
         _at_least(self, 0, "replay_buffer_size", "replay_batch_size")
         _positive(self, "temperature", "ppo_clip", "refuel_eta")
+        _at_least(self, 0, "entropy_coef")
         _probability(self, "reflect_prob")
         need(self.trainer != "refuel" or self.baseline == "none", "baseline",
               "REFUEL regresses return differences and takes no baseline")
@@ -249,6 +253,9 @@ class DataArguments(_Group):
         None, "SFT: a .jsonl of {'text'} records. AutoExplore RL/eval: a tasks .json file.")
     output_dir: str | None = _arg(None, "Data generation: output folder (default: the step's data/<env>/ path).")
     num_episodes: int = _arg(200, "Data generation: episodes (Taxi, ALFWorld) to roll out.")
+    sft_label: Literal["taken", "oracle"] = _arg(
+        "taken", "Taxi/ALFWorld gen_sft: label each state with the action taken in the 'oracle + random' "
+        "rollout (the paper) or with the oracle's best action.")
     random_prob: float | None = _arg(
         None, "Data generation: probability of a random action instead of the oracle's "
         "(default: 0.9 for Taxi, 0.7 for ALFWorld, as in the paper).")
@@ -293,6 +300,9 @@ class EvalArguments(_Group):
     TITLE: ClassVar[str] = "evaluation"
 
     eval_reps: int = _arg(10, "Times each test task is run in evaluation.")
+    eval_steps: int = _arg(
+        0, "RL: play a fixed held-out panel every this many iterations and log heldout_success (0: off).")
+    eval_panel: int = _arg(20, "RL: held-out panel episodes per level, task or problem (see --eval_steps).")
     policy: Literal["oracle", "random", "human"] = _arg(
         "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).")
     runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
@@ -300,7 +310,8 @@ class EvalArguments(_Group):
         None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.")
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "eval_reps", "runs")
+        _at_least(self, 1, "eval_reps", "runs", "eval_panel")
+        _at_least(self, 0, "eval_steps")
         super().__post_init__()
 
 
@@ -311,7 +322,7 @@ class LoggingArguments(_Group):
     TITLE: ClassVar[str] = "logging and checkpoints"
 
     ckpt_path: str = _arg(
-        str(REPO_ROOT / "results"), "Folder holding the run directories <id>_<script>/.")
+        str(RESULTS_DIR), "Folder holding the run directories <id>_<script>/.")
     save_steps: int = _arg(100, "Checkpoint every this many SFT steps or RL iterations.")
     logging_steps: int = _arg(10, "SFT: log the loss every this many steps.")
     expdirs: list[str] | None = _arg(

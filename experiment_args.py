@@ -53,6 +53,7 @@ _ONLY_WITH = {
     "ppo_clip": ("--trainer ppo", lambda a: a.trainer == "ppo"),
     "ppo_epochs": ("--trainer ppo", lambda a: a.trainer == "ppo"),
     "refuel_eta": ("--trainer refuel", lambda a: a.trainer == "refuel"),
+    "entropy_coef": ("--trainer pg or ppo", lambda a: a.trainer in ("pg", "ppo")),
     "merge_after_first_k": ("--depth_curriculum", lambda a: a.depth_curriculum),
     "with_prompt": ("--env taxi", lambda a: a.env == "taxi"),
     "with_history": ("--env taxi", lambda a: a.env == "taxi"),

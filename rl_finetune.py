@@ -31,6 +31,7 @@ import models
 import seeding
 from envs import env_kwargs, make_env
 from envs.curriculum import Curriculum, curriculum_from_args
+from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, parse_args
 from rl_algorithms import LEARNERS, Learner, UpdateResult
 from rollout import Episode, EpisodeStart, RolloutStats, TwoPlayerRollout
@@ -55,6 +56,9 @@ def main(args) -> int:
     envs = [make_env(args.env, **env_kwargs(args, run_dir=recorder.run_dir))
             for _ in range(args.per_device_eval_batch_size)]
     play = functools.partial(rollout.run, envs)
+    panel = HeldOutPanel(args, recorder.run_dir) if args.eval_steps else None
+    if panel is not None and progress.iteration == 0:
+        recorder.log_heldout(0, panel.evaluate(rollout))  # where the policy starts
 
     for iteration in recorder.iterations(progress.iteration):
         tic, before = time.time(), dataclasses.replace(rollout.stats)
@@ -74,12 +78,14 @@ def main(args) -> int:
         progress.iteration = iteration + 1
         record = iteration_metrics(accelerator, episodes, result, before, rollout.stats, progress)
         record.update(seconds=time.time() - tic, level=curriculum.levels[level].name, level_index=level)
+        if panel is not None and progress.iteration % args.eval_steps == 0:
+            record.update(panel.evaluate(rollout))
         recorder.log(progress.iteration, record, episodes)
         if progress.iteration % args.save_steps == 0 or progress.iteration == args.max_steps:
             recorder.checkpoint(progress, rollout, learner, rng, level)
 
     recorder.close(progress)
-    for env in envs:
+    for env in envs + (panel.envs if panel is not None else []):
         env.close()
     # every rank waits for rank 0's last checkpoint, then the process group is torn down cleanly
     # (a rank that simply exits while gloo still runs aborts with SIGABRT)
@@ -191,6 +197,10 @@ class Recorder:
             self.metric_log.log(iteration, record)
             self.bar.set_postfix(success=f"{record['success']:.2f}", cost=f"{record['cost']:.2f}",
                                  loss=f"{record['loss']:.3f}", level=record["level"])
+
+    def log_heldout(self, iteration: int, figures: dict) -> None:
+        if self.is_main:
+            self.metric_log.log(iteration, figures)
 
     def checkpoint(self, progress: Progress, rollout: TwoPlayerRollout, learner: Learner, rng, level: int) -> None:
         from accelerate.utils import gather_object

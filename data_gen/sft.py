@@ -1,4 +1,9 @@
-"""SFT texts from (state, reflection, best label) records, built by the shared prompt builder.
+"""SFT texts from (state, reflection, label) records, built by the shared prompt builder.
+
+The label of a state is the action the "oracle + random" rollout took there (``--sft_label
+taken``, the paper's recipe: the policy learns the format and a weak link to the
+reflection, and stays exploratory) or the oracle's best action (``--sft_label oracle``).
+Records keep both (``taken``, ``action``).
 
 Three files, each line ``{"text": ...}``:
 
@@ -25,9 +30,14 @@ def sft_texts(obs: str, env_cls, label: str, reflection: str) -> tuple[str, str,
     )
 
 
-def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, suffix: str = "") -> dict[str, int]:
-    """Write the three files (``sft<suffix>.jsonl`` ...) from records with state/action/reflection."""
-    columns = list(zip(*(sft_texts(r["state"], env_cls, r["action"], r["reflection"]) for r in records))) or [
+LABEL_KEYS = {"taken": "taken", "oracle": "action"}  # --sft_label -> the record field it reads
+
+
+def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "") -> dict[str, int]:
+    """Write the three files (``sft<suffix>.jsonl`` ...) from records with state/reflection and the
+    label ``--sft_label`` names."""
+    key = LABEL_KEYS[label]
+    columns = list(zip(*(sft_texts(r["state"], env_cls, r[key], r["reflection"]) for r in records))) or [
         (), (), ()]
     counts = {}
     for name, texts in zip(SFT_FILES, columns):
@@ -40,7 +50,12 @@ def gen_sft_main(args, env_cls, default_input: Path, step: str) -> int:
     """``python -m data_gen.<env>.gen_sft``: the three files next to the reflection data (or in --output_dir)."""
     task_file = Path(args.task_file or default_input)
     records = read_json(task_file)
+    key = LABEL_KEYS[args.sft_label]
+    stale = next((i for i, r in enumerate(records) if key not in r), None)
+    if stale is not None:
+        raise ValueError(f"--sft_label {args.sft_label}: record {stale} of {task_file} has no {key!r} field "
+                         "(written before records kept it); run the reflection step again")
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
-    counts = write_sft_files(records, env_cls, out_dir)
-    print_counts(step, {"records": len(records), **counts, "output": str(out_dir)})
+    counts = write_sft_files(records, env_cls, out_dir, label=args.sft_label)
+    print_counts(step, {"records": len(records), "label": args.sft_label, **counts, "output": str(out_dir)})
     return 0

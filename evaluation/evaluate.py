@@ -21,6 +21,7 @@ are printed and saved as ``results.json`` and ``results.md`` in
 ``results/<id>_evaluate/``.
 """
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -39,7 +40,10 @@ from experiment_args import parse_args
 from rollout import EpisodeStart, TwoPlayerRollout
 
 SCRIPT = "evaluate"
-HELD_OUT_SEED = 10**9  # evaluation seeds start here; training draws its seeds at random
+# Evaluation seeds start here. Training episodes and data-generation episodes draw their
+# seeds below 2**31 - 1 (envs.base.rng_seed, rl_finetune.episode_starts), so no training
+# seed of any run is ever an evaluation seed.
+HELD_OUT_SEED = 2**31
 
 
 @dataclass
@@ -97,12 +101,41 @@ def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> lis
             args, model_name=args.reflect_model_name, adapter_dir=config["reflect_load_dir"], trainable=False)
     rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
     rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
+    return play_all(rollout, envs, starts, rng, desc=f"eval {config['name']}")
+
+
+def play_all(rollout: TwoPlayerRollout, envs, starts: list[EpisodeStart], rng, desc: str | None = None) -> list:
+    """Play ``starts`` in batches of ``len(envs)``."""
     episodes = []
     batch = len(envs)
-    for first in tqdm(range(0, len(starts), batch), desc=f"eval {config['name']}", unit="batch"):
+    for first in tqdm(range(0, len(starts), batch), desc=desc, unit="batch", disable=desc is None):
         chunk = starts[first:first + batch]
         episodes += rollout.run(envs[:len(chunk)], chunk, rng)
     return episodes
+
+
+class HeldOutPanel:
+    """A small fixed set of held-out episodes that RL plays every ``--eval_steps`` iterations.
+
+    The first ``--eval_panel`` test episodes of each level (those :func:`run` evaluates on,
+    so never trained on), on their own evaluation environments, with the same sampling
+    randomness every time: differences between two points of the curve come from the
+    policy, not from the draw.
+    """
+
+    def __init__(self, args, run_dir: Path | None):
+        self.envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
+                     for _ in range(args.per_device_eval_batch_size)]
+        self.starts = test_episodes(args, self.envs[0], args.eval_panel)
+
+    def evaluate(self, rollout: TwoPlayerRollout) -> dict:
+        before = dataclasses.replace(rollout.stats)
+        episodes = play_all(rollout, self.envs, self.starts, np.random.default_rng(HELD_OUT_SEED))
+        rollout.stats = before  # the panel's tokens are not the training's
+        summary = figures(episodes)
+        return {"heldout_success": summary["success"], "heldout_cost": summary["cost"],
+                "heldout_episodes": summary["episodes"]}
+
 
 
 def figures(episodes) -> dict:

@@ -21,7 +21,7 @@ import torch
 
 from models import base_model, device
 from rl_algorithms.losses import ValueHead, cost_to_go
-from rollout import Decision, Episode, EpisodeStart, PolicyScorer
+from rollout import Decision, Episode, EpisodeStart, PolicyScorer, entropy_of
 
 Play = Callable[[list[EpisodeStart], np.random.Generator], list[Episode]]
 
@@ -48,6 +48,7 @@ class Scored:
     decisions: list[Decision]
     logprobs: torch.Tensor  # log pi(a|s) of each decision's action
     values: torch.Tensor | None  # the critic's cost-to-go estimates, when there is a critic
+    entropy: torch.Tensor | None  # entropy of each decision's label distribution, when --entropy_coef > 0
 
 
 def flat_decisions(episodes: list[Episode]) -> tuple[list[Decision], torch.Tensor]:
@@ -96,7 +97,14 @@ class Learner:
             logp = scores.logprobs
             chosen = logp.gather(1, torch.tensor([[d.action] for d in chunk], device=logp.device)).squeeze(1)
             values = self.critic(scores.hidden.detach()) if self.critic is not None else None
-            yield Scored(start, chunk, chosen, values)
+            entropy = entropy_of(logp) if self.args.entropy_coef > 0 else None
+            yield Scored(start, chunk, chosen, values, entropy)
+
+    def entropy_bonus(self, scored: Scored, num_episodes: int) -> torch.Tensor | float:
+        """``--entropy_coef`` times the minibatch's summed entropy per episode (subtracted from a loss)."""
+        if scored.entropy is None:
+            return 0.0
+        return self.args.entropy_coef * scored.entropy.sum() / num_episodes
 
     def baseline(self, q: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor | float:
         """What ``--baseline`` subtracts from the cost-to-go (``q``: the whole batch's)."""

@@ -28,6 +28,7 @@ class PolicyGradient(Learner):
         for scored in self.score(decisions):
             q_chunk = q[scored.start:scored.start + len(scored.decisions)].to(scored.logprobs.device)
             loss = pg_loss(scored.logprobs, q_chunk, self.baseline(q.to(q_chunk.device), scored.values), len(batch))
+            loss = loss - self.entropy_bonus(scored, len(batch))
             if scored.values is not None:
                 critic_loss = value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
                 critic_total += critic_loss.item()

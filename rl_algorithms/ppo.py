@@ -27,6 +27,7 @@ class PPO(Learner):
                 old_chunk = old[scored.start:end].to(scored.logprobs.device)
                 loss = ppo_loss(scored.logprobs, old_chunk, q_chunk,
                                 self.baseline(q.to(q_chunk.device), scored.values), clip, len(episodes))
+                loss = loss - self.entropy_bonus(scored, len(episodes))
                 if scored.values is not None:
                     loss = loss + value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
                 loss.backward()

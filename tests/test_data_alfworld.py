@@ -138,7 +138,8 @@ def test_random_prob_zero_follows_the_expert_to_a_win(expert_run):
         assert "just started" in episode[0]["reflection"]
         assert not any("detour" in r["reflection"] or "did not" in r["reflection"] for r in episode)
     for record in records:
-        assert set(record) == {"state", "reflection", "action", "command", "model", "episode", "step", "problem"}
+        assert set(record) == {"state", "reflection", "action", "command", "taken", "model", "episode", "step",
+                               "problem"}
         assert record["model"] == "oracle" and record["problem"] == f"train/{FAMILY}-1/trial_handmade"
         assert f"{record['action']}. {record['command']}\n" in record["state"]
         text = record["reflection"]
@@ -149,7 +150,7 @@ def test_random_prob_zero_follows_the_expert_to_a_win(expert_run):
     obs, info = env.reset(seed=rng_seed(item_rng(ScriptArguments().seed, "alfworld", 0)))
     for record in episodes[0]:
         assert obs == record["state"] and info["oracle_label"] == record["action"]
-        obs, reward, terminated, truncated, info = env.step(record["action"])
+        obs, reward, terminated, truncated, info = env.step(record["taken"])
     assert terminated and info["success"] and reward == 1.0
     env.close()
 
@@ -234,21 +235,22 @@ def test_auth_failure_stops_with_a_clear_message(root, tmp_path, capsys):
 # --- SFT texts --------------------------------------------------------------------------
 
 
-def test_gen_sft_texts_match_the_rollout_prompts(expert_run, tmp_path):
+@pytest.mark.parametrize("sft_label, key", [("taken", "taken"), ("oracle", "action")])
+def test_gen_sft_texts_match_the_rollout_prompts(expert_run, tmp_path, sft_label, key):
     out, records = expert_run
     args = ScriptArguments(env="alfworld", model_name="tiny-gpt2", task_file=str(out / "data_reflection.json"),
-                           output_dir=str(tmp_path))
+                           output_dir=str(tmp_path), sft_label=sft_label)
     assert gen_sft.main(args) == 0
     lines = {name: [json.loads(x)["text"] for x in (tmp_path / name).read_text().splitlines()]
              for name in ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")}
     assert all(len(texts) == len(records) for texts in lines.values())
     for record, plain, reflect, policy in zip(records, *lines.values()):
-        assert plain == policy_prompt(record["state"], HEAD) + record["action"]
-        assert policy == policy_prompt(record["state"], HEAD, record["reflection"]) + record["action"]
+        assert plain == policy_prompt(record["state"], HEAD) + record[key]
+        assert policy == policy_prompt(record["state"], HEAD, record["reflection"]) + record[key]
         prompt = reflection_prompt(record["state"], HEAD, ALFWorldEnv.analyze_instruction)
         assert reflect.startswith(prompt) and completion_start(reflect) == len(prompt)
         assert reflect == prompt + record["reflection"] + "\n"
-        assert policy.endswith(ACTION_MARKER + record["action"])
+        assert policy.endswith(ACTION_MARKER + record[key])
 
 
 def test_gen_sft_missing_input_is_named(tmp_path):

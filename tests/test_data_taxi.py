@@ -90,20 +90,37 @@ def test_auth_failure_stops_with_a_clear_message(make_args, tmp_path, capsys, mo
     assert not (tmp_path / "data_reflection.json").exists()
 
 
-def test_gen_sft_texts_match_the_rollout_prompts(make_args, tmp_path):
+@pytest.mark.parametrize("sft_label, key", [("taken", "taken"), ("oracle", "action")])
+def test_gen_sft_texts_match_the_rollout_prompts(make_args, tmp_path, sft_label, key):
     records = _run(make_args, tmp_path)
-    assert gen_sft.main(make_args(task_file=str(tmp_path / "data_reflection.json"))) == 0
+    assert gen_sft.main(make_args(task_file=str(tmp_path / "data_reflection.json"), sft_label=sft_label)) == 0
     lines = {name: [json.loads(x)["text"] for x in (tmp_path / name).read_text().splitlines()]
              for name in ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")}
     assert all(len(texts) == len(records) for texts in lines.values())
     env = make_env("taxi")
     for record, plain, reflect, policy in zip(records, *lines.values()):
         head = env.action_head
-        assert plain == policy_prompt(record["state"], head) + record["action"]
-        assert policy == policy_prompt(record["state"], head, record["reflection"]) + record["action"]
+        assert plain == policy_prompt(record["state"], head) + record[key]
+        assert policy == policy_prompt(record["state"], head, record["reflection"]) + record[key]
         prompt = reflection_prompt(record["state"], head, env.analyze_instruction)
         assert reflect.startswith(prompt) and completion_start(reflect) == len(prompt)
-        assert policy.count(ANALYZE_MARKER) == 1 and policy.endswith(ACTION_MARKER + record["action"])
+        assert policy.count(ANALYZE_MARKER) == 1 and policy.endswith(ACTION_MARKER + record[key])
+
+
+def test_records_keep_the_taken_and_the_oracle_label(make_args, tmp_path):
+    """"Oracle + random 0.9": mostly random moves are taken; the taken label is the one played next."""
+    records = _run(make_args, tmp_path, num_episodes=20)
+    assert all(r["taken"] in "012345" for r in records)
+    agree = sum(r["taken"] == r["action"] for r in records) / len(records)
+    assert 0.05 < agree < 0.5  # 0.1 + 0.9 / 6 ≈ 0.25 in expectation
+    assert all(_run(make_args, tmp_path / "greedy", random_prob=0.0)[i]["taken"] ==
+               _run(make_args, tmp_path / "greedy", random_prob=0.0)[i]["action"] for i in range(3))
+
+
+def test_gen_sft_refuses_records_without_the_asked_label(make_args, tmp_path):
+    (tmp_path / "old.json").write_text(json.dumps([{"state": "s", "reflection": "r", "action": "0"}]))
+    with pytest.raises(ValueError, match="--sft_label taken: record 0 .* has no 'taken' field"):
+        gen_sft.main(make_args(task_file=str(tmp_path / "old.json")))
 
 
 def test_gen_sft_missing_input_is_named(make_args, tmp_path):
@@ -128,7 +145,7 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     env = make_env("taxi")
 
     episode = TwoPlayerRollout(policy, tokenizer).run([env], [EpisodeStart(seed, {})], np.random.default_rng(0))[0]
-    assert episode.decisions[0].prompt == plain[: -len(first["action"])]
+    assert episode.decisions[0].prompt == plain[: -len(first["taken"])]
 
     # With reflection: the rollout reuses the recorded reflection at step 0 (as a REFUEL branch does).
     recorded = Decision(obs=first["state"], prompt="", valid=[], action=0, logprob=0.0, entropy=0.0,
@@ -136,7 +153,7 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     reflector, reflect_tokenizer = models.load_model_and_tokenizer(make_args(), trainable=False)
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer)
     episode = rollout.run([env], [EpisodeStart(seed, {}, replay=[recorded])], np.random.default_rng(0))[0]
-    assert episode.decisions[0].prompt == policy_text[: -len(first["action"])]
+    assert episode.decisions[0].prompt == policy_text[: -len(first["taken"])]
 
 
 def test_a_change_of_settings_starts_a_fresh_journal(make_args):
@@ -153,3 +170,9 @@ def test_a_missing_api_key_stops_the_step_with_one_line(make_args, tmp_path, mon
     assert "[taxi.reflection] stopped: --api=openai needs the environment variable OPENAI_API_KEY" in \
         capsys.readouterr().err
     assert not (tmp_path / "data_reflection.json").exists()
+
+
+def test_advised_command_reads_back_every_oracle_reflection(make_args, tmp_path):
+    records = _run(make_args, tmp_path, num_episodes=10)
+    assert all(reflection.advised_command(r["reflection"]) == r["command"] for r in records)
+    assert reflection.advised_command(None) is None and reflection.advised_command("no advice here") is None

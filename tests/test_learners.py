@@ -104,3 +104,23 @@ def test_refuel_branches_replay_the_episode_up_to_the_branch_step(toy):
         for t in range(h):
             assert branch.decisions[t].action == episode.decisions[t].action
         assert branch.decisions[h].obs == episode.decisions[h].obs
+
+
+def _mean_entropy(learner, episodes) -> float:
+    from rollout import entropy_of
+
+    decisions = [d for e in episodes for d in e.decisions]
+    with torch.no_grad():
+        logp = learner.scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions]).logprobs
+    return float(entropy_of(logp).mean())
+
+
+@pytest.mark.parametrize("trainer", ["pg", "ppo"])
+def test_entropy_bonus_raises_the_policy_entropy(toy, trainer):
+    after = {}
+    for coef in (0.0, 5.0):
+        learner, episodes, play, rng = toy(trainer, baseline="mean", entropy_coef=coef, learning_rate=1e-4)
+        before = _mean_entropy(learner, episodes)
+        learner.update(episodes, play, rng)
+        after[coef] = _mean_entropy(learner, episodes)
+    assert after[5.0] > after[0.0] and after[5.0] > before - 1e-6

@@ -203,3 +203,32 @@ def test_a_registered_learner_runs_through_the_loop(make_args, tmp_path, monkeyp
     assert [(r["loss"], r["counted"]) for r in metrics.read_metrics(run)] == [(0.25, 4), (0.25, 8)]
     state = torch.load(run / "checkpoint-2" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
     assert state["state"]["ranks"][0]["learner"] == {"seen": [4, 4]}
+
+
+def test_held_out_panel_is_fixed_and_separate_from_training(make_args, tmp_path):
+    from evaluation.evaluate import HELD_OUT_SEED, HeldOutPanel
+
+    args = make_args(**FAST, max_steps=4, save_steps=4, eval_steps=2, eval_panel=3)
+    assert rl_finetune.main(args) == 0
+    (run,) = _runs(tmp_path)
+    records = metrics.read_metrics(run)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert [("heldout_success" in r) for r in records] == [True, False, True, False, True]
+    assert all(r["heldout_episodes"] == 3 for r in records if "heldout_success" in r)
+    assert "success" not in records[0]  # step 0 is the panel before any update
+    # The panel's seeds are evaluation seeds: at or above every seed training can draw.
+    panel = HeldOutPanel(args, None)
+    assert [s.seed for s in panel.starts] == [HELD_OUT_SEED, HELD_OUT_SEED + 1, HELD_OUT_SEED + 2]
+    episodes = [json.loads(x) for x in (run / "checkpoint-4" / "episodes.jsonl").read_text().splitlines()]
+    assert all(e["seed"] < 2**31 - 1 < HELD_OUT_SEED for e in episodes)
+
+
+def test_held_out_panel_leaves_training_unchanged(make_args, tmp_path):
+    """Playing the panel draws nothing from the training streams: same episodes with and without it."""
+    common = {**FAST, "max_steps": 3, "save_steps": 3}
+    assert rl_finetune.main(make_args(**common)) == 0
+    assert rl_finetune.main(make_args(**common, eval_steps=1, eval_panel=2)) == 0
+    plain, paneled = _runs(tmp_path)
+    logs = [(run / "checkpoint-3" / "episodes.jsonl").read_text() for run in (plain, paneled)]
+    assert logs[0] == logs[1]
+    assert torch.equal(*[next(iter(_adapter(run / "checkpoint-3").values())) for run in (plain, paneled)])

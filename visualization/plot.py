@@ -20,7 +20,10 @@ import numpy as np  # noqa: E402
 import metrics  # noqa: E402
 from experiment_args import parse_args  # noqa: E402
 
-PANELS = (("success", "success rate"), ("cost", "cost per episode"), ("loss", "loss"))
+# (metric, label, smoothed): training-episode figures are noisy and smoothed; the held-out
+# panel (rl_finetune --eval_steps) is played on fixed episodes and shown as measured.
+PANELS = (("heldout_success", "held-out success", False), ("success", "training success", True),
+          ("entropy", "policy entropy (nats)", True), ("cost", "cost per episode", True), ("loss", "loss", True))
 
 
 def moving_average(values: list[float], window: int) -> np.ndarray:
@@ -43,23 +46,28 @@ def parse_expdir(entry: str) -> tuple[str, Path]:
 def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None = None) -> Path:
     if not expdirs:
         raise ValueError("--expdirs: give at least one run directory (or edit expdirs in visualization/plot.py)")
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8), constrained_layout=True)
+    figure, axes = plt.subplots(1, len(PANELS), figsize=(4.5 * len(PANELS), 3.8), constrained_layout=True)
     for entry in expdirs:
         name, path = parse_expdir(entry)
         records = metrics.read_metrics(path)
-        for axis, (key, _) in zip(axes, PANELS):
+        for axis, (key, _, smoothed) in zip(axes, PANELS):
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
             if not points:
                 continue
             steps, values = zip(*points)
-            line, = axis.plot(steps, moving_average(list(values), window), label=name, linewidth=2)
-            axis.plot(steps, values, color=line.get_color(), alpha=0.2, linewidth=1)
-    for axis, (_, label) in zip(axes, PANELS):
+            if smoothed:
+                line, = axis.plot(steps, moving_average(list(values), window), label=name, linewidth=2)
+                axis.plot(steps, values, color=line.get_color(), alpha=0.2, linewidth=1)
+            else:
+                axis.plot(steps, values, marker="o", markersize=3, label=name, linewidth=2)
+    for axis, (_, label, smoothed) in zip(axes, PANELS):
         axis.set_xlabel("RL iteration")
         axis.set_ylabel(label)
-        axis.set_title(f"{label} (moving average over {window})")
+        axis.set_title(f"{label} (moving average over {window})" if smoothed else label)
         axis.grid(alpha=0.3)
-    axes[0].legend(loc="best", fontsize=9)
+    labelled = [axis for axis in axes if axis.get_legend_handles_labels()[0]]
+    if labelled:  # the first panel that has a curve (runs without --eval_steps have no held-out one)
+        labelled[0].legend(loc="best", fontsize=9)
     if title:
         figure.suptitle(title)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_RANDOM_PROB = 0.7
 OUT_DIR = DATA_DIR / "alfworld"
 STEP = "alfworld.reflection"
+RECORD_VERSION = 2  # 2: records keep the label taken
 
 SYSTEM = ("You coach an agent in a text-based household game (ALFWorld). You write short, concrete "
           "analyses of the current situation that help the agent choose its next command.")
@@ -309,11 +310,12 @@ def rollout(args, client, env, index: int) -> dict:
         else:
             best = info["actions"][info["labels"].index(best_label)]
             reflection = write_reflection(client, observation, memory, best, last, wording)
-            records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
-                            "model": model_name(args), "episode": index, "step": env.steps,
-                            "problem": str(problem)})
         explore = rng.random() < p_random
         label = best_label if best_label is not None and not explore else str(rng.choice(info["labels"]))
+        if best_label is not None:
+            records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
+                            "taken": label, "model": model_name(args), "episode": index, "step": env.steps,
+                            "problem": str(problem)})
         command = info["actions"][info["labels"].index(label)]
         observation, _, terminated, truncated, info = env.step(label)
         reply = last_reply(observation, command, env.action_head)
@@ -330,8 +332,8 @@ def rollout(args, client, env, index: int) -> dict:
 def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
     return common_journal_name("alfworld_reflection", model_name(args), args.seed, args.alfworld_task,
-                               args.alfworld_split, args.alfworld_expert, random_prob(args, DEFAULT_RANDOM_PROB), args.horizon,
-                               args.shuffle_action)
+                               args.alfworld_split, args.alfworld_expert, random_prob(args, DEFAULT_RANDOM_PROB),
+                               args.horizon, args.shuffle_action, RECORD_VERSION)
 
 
 @stops_on_llm_error(STEP, "episodes")

@@ -4,7 +4,8 @@ Each episode takes a random action with probability ``--random_prob`` (0.9, as t
 paper) and the BFS oracle's otherwise. At every state the writer gives a reflection of
 at most two sentences, knowing (as a spoiler it must not reveal) the best next action.
 Output ``data/taxi/data_reflection.json``: records ``{state, reflection, action,
-command, model, ...}`` where ``action`` is the oracle's label in ``state``.
+command, taken, model, ...}`` where ``action`` is the oracle's label in ``state`` and
+``taken`` the label the rollout took there (``gen_sft --sft_label`` picks one).
 
 Writers: an API model (``--api openai|azure|local``) or ``--api oracle``, which states
 where taxi, passenger and destination are, judges the last move against the oracle, and
@@ -25,6 +26,7 @@ from paths import DATA_DIR
 DEFAULT_RANDOM_PROB = 0.9
 OUT_DIR = DATA_DIR / "taxi"
 STEP = "taxi.reflection"
+RECORD_VERSION = 2  # 2: records keep the label taken
 
 SYSTEM = ("You coach a taxi driver in a small grid game. You write short, concrete analyses of the "
           "current situation that help the driver decide the next move.")
@@ -63,6 +65,15 @@ def oracle_reflection(env: DangerousTaxiEnv, best: str, last_move_good: bool | N
     return f"{facts} {verdict}; now {_GOALS[best]} {purpose}."
 
 
+def advised_command(reflection: str | None) -> str | None:
+    """The action an oracle-style reflection advises ("... now head south ..." -> "Move south"), or None."""
+    if not reflection:
+        return None
+    found = [(reflection.find(f"now {goal} "), command) for command, goal in _GOALS.items()]
+    found = [(at, command) for at, command in found if at >= 0]
+    return min(found)[1] if found else None
+
+
 def write_reflection(client, env: DangerousTaxiEnv, observation: str, best: str,
                      last_move_good: bool | None) -> str:
     if client is None:
@@ -82,10 +93,10 @@ def rollout(args, client, index: int) -> list[dict]:
         best_label = info["oracle_label"]
         best = info["actions"][info["labels"].index(best_label)]
         reflection = write_reflection(client, env, observation, best, last_move_good)
-        records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
-                        "model": model_name(args), "episode": index, "step": env.steps,
-                        "curriculum": env.stage})
         label = str(rng.choice(info["labels"])) if rng.random() < p_random else best_label
+        records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
+                        "taken": label, "model": model_name(args), "episode": index, "step": env.steps,
+                        "curriculum": env.stage})
         last_move_good = label == best_label
         observation, _, terminated, truncated, info = env.step(label)
         if terminated or truncated:
@@ -96,7 +107,7 @@ def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
     return common_journal_name("taxi_reflection", model_name(args), args.seed, _curriculum(args), args.horizon,
                                random_prob(args, DEFAULT_RANDOM_PROB),
-                               args.shuffle_action, args.with_prompt, args.with_history)
+                               args.shuffle_action, args.with_prompt, args.with_history, RECORD_VERSION)
 
 
 def _curriculum(args) -> str:
