@@ -47,7 +47,8 @@ from prompts import LABELS
 from visualization import plot
 
 # --- the demo's budget (2 CPU cores, under 20 minutes) and where it departs from the paper --------
-DATA_EPISODES = 3000  # "oracle + random 0.9", as the paper
+DATA_EPISODES = 3000
+DATA_RANDOM_PROB = 0.9  # "oracle + random 0.9", as the paper
 SFT_STEPS = {"reflector": 600, "policy": 300, "plain": 300}
 SFT_LEARNING_RATE = {"reflector": 2e-3, "policy": 1e-3, "plain": 1e-3}
 RL_ITERATIONS = {"Reflect-RL": 100, "SFT+RLFT w/o reflection": 200, "RLFT only": 200}
@@ -123,7 +124,8 @@ def run_seed(seed: int, folder: Path) -> dict:
     # --- 1. data
     timed("data generation (oracle writer)", lambda: (
         call(data_gen.taxi.reflection.main, [*TASK, "--api=oracle", f"--num_episodes={DATA_EPISODES}",
-                                             f"--output_dir={data}", f"--seed={seed}"]),
+                                             f"--random_prob={DATA_RANDOM_PROB}", f"--output_dir={data}",
+                                             f"--seed={seed}"]),
         call(data_gen.taxi.gen_sft.main, ["--env=taxi", f"--task_file={data / 'data_reflection.json'}"]),
     ))
 
