@@ -190,8 +190,12 @@ def run_seed(seed: int, folder: Path) -> dict:
 def reflector_accuracy(eval_args, config: dict) -> dict[str, list]:
     """How often the SFT reflector advises the oracle's move, per step of held-out episodes."""
     envs = [make_env("taxi", **env_kwargs(eval_args, evaluation=True)) for _ in range(eval_args.per_device_eval_batch_size)]
-    starts = evaluate.test_episodes(eval_args, envs[0], ACCURACY_EPISODES)
-    episodes = evaluate.evaluate_config(eval_args, config, envs, starts)
+    try:
+        starts = evaluate.test_episodes(eval_args, envs[0], ACCURACY_EPISODES)
+        episodes = evaluate.evaluate_config(eval_args, config, envs, starts)
+    finally:
+        for env in envs:
+            env.close()
     right: dict[int, list[bool]] = {}
     for episode in episodes:
         for step, decision in enumerate(episode.decisions):

@@ -38,6 +38,7 @@ from arg_groups import (
     RLArguments,
     need,
 )
+from checkpoints import SETTINGS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -131,14 +132,16 @@ def require_env(args: ScriptArguments, env: str, script: str) -> None:
     need(args.env == env, "env", f"{script} works on --env={env} only, got {args.env}")
 
 
-def check_resume(args: ScriptArguments, only: set[str] | None = None) -> None:
+def check_resume(args: ScriptArguments, only: set[str] | None = None, saved: dict | None = None) -> None:
     """Refuse to resume ``args.resume_from`` with settings that would not continue that run.
 
     Compares the flags in ``only`` (default: all) with the checkpoint's ``setting.yml``;
     those in :data:`RESUME_MAY_CHANGE` may differ, and ``--max_steps`` only without a
     multi-level curriculum (its level boundaries are fractions of ``--max_steps``).
+    ``saved``: the checkpoint's settings, if the caller has read them already.
     """
-    saved = _load_yaml(Path(args.resume_from) / "setting.yml", "--resume_from")
+    if saved is None:
+        saved = _load_yaml(Path(args.resume_from) / SETTINGS_FILE, "--resume_from")
     names = [f.name for f in dataclasses.fields(args) if only is None or f.name in only]
     different = [f"--{name}={saved[name]!r} there, {getattr(args, name)!r} here" for name in names
                  if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != getattr(args, name)]
@@ -230,14 +233,14 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
         resume_from = known.resume_from or config.get("resume_from")
         saved = {}
         if resume_from:
-            saved = _load_yaml(Path(resume_from) / "setting.yml", "--resume_from")
-            saved = {k: v for k, v in saved.items() if k not in ("resume_from", "config")}
+            saved = _load_yaml(Path(resume_from) / SETTINGS_FILE, "--resume_from")
         (args,) = parser.parse_args_into_dataclasses(
-            args=_to_argv(saved, f"--resume_from: {resume_from}/setting.yml") + explicit, look_for_args_file=False)
+            args=_to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
+                          f"--resume_from: {resume_from}/{SETTINGS_FILE}") + explicit, look_for_args_file=False)
         if env is not None:
             require_env(args, env, parser.prog)
         if args.resume_from:
-            check_resume(args, only=_flags_in(parser, explicit))
+            check_resume(args, only=_flags_in(parser, explicit), saved=saved)
     except ValueError as error:
         parser.error(str(error))
     return args

@@ -78,8 +78,8 @@ def main(args) -> int:
         progress.iteration = iteration + 1
         record = iteration_metrics(accelerator, episodes, result, before, rollout.stats, progress)
         record.update(seconds=time.time() - tic, level=curriculum.levels[level].name, level_index=level)
-        if panel is not None and progress.iteration % args.eval_steps == 0:
-            record.update(panel.evaluate(rollout))
+        if panel is not None and progress.iteration % args.eval_steps == 0:  # after the figures above,
+            record.update(panel.evaluate(rollout))  # so the panel's tokens never count as training's
         recorder.log(progress.iteration, record, episodes)
         if progress.iteration % args.save_steps == 0 or progress.iteration == args.max_steps:
             recorder.checkpoint(progress, rollout, learner, rng, level)

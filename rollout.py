@@ -290,7 +290,7 @@ class TwoPlayerRollout:
             for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
                 slot.decide(prompt, labels, choice)
             for slot in running:
-                if slot not in free:
+                if slot.replaying:  # still in a branch's replayed prefix: the recorded decision
                     slot.replay_decision()
                 slot.advance()
             running = [slot for slot in running if not slot.done]

@@ -21,7 +21,6 @@ are printed and saved as ``results.json`` and ``results.md`` in
 ``results/<id>_evaluate/``.
 """
 
-import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -129,9 +128,7 @@ class HeldOutPanel:
         self.starts = test_episodes(args, self.envs[0], args.eval_panel)
 
     def evaluate(self, rollout: TwoPlayerRollout) -> dict:
-        before = dataclasses.replace(rollout.stats)
         episodes = play_all(rollout, self.envs, self.starts, np.random.default_rng(HELD_OUT_SEED))
-        rollout.stats = before  # the panel's tokens are not the training's
         summary = figures(episodes)
         return {"heldout_success": summary["success"], "heldout_cost": summary["cost"],
                 "heldout_episodes": summary["episodes"]}

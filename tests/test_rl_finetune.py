@@ -232,3 +232,5 @@ def test_held_out_panel_leaves_training_unchanged(make_args, tmp_path):
     logs = [(run / "checkpoint-3" / "episodes.jsonl").read_text() for run in (plain, paneled)]
     assert logs[0] == logs[1]
     assert torch.equal(*[next(iter(_adapter(run / "checkpoint-3").values())) for run in (plain, paneled)])
+    tokens = [[r["tokens"] for r in metrics.read_metrics(run) if "tokens" in r] for run in (plain, paneled)]
+    assert tokens[0] == tokens[1]  # the panel's prompts are not counted as training's
