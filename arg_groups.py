@@ -189,6 +189,10 @@ class RLArguments(_Group):
         1.0, "Probability that a step's policy prompt includes a reflection.")
     reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.")
     temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
+    top_p: float = _arg(1.0, "Nucleus sampling of the reflection: keep the smallest set of tokens of total "
+                        "probability >= TOP_P (1: off, the paper's default).")
+    top_k: int = _arg(0, "Sample the reflection from the TOP_K likeliest tokens only (0: off, like the paper's "
+                      "99999; 1: greedy reflections).")
     per_device_eval_batch_size: int = _arg(
         8, "Episodes rolled out in parallel per device (RL and evaluation).")
     replay_buffer_size: int = _arg(
@@ -211,8 +215,9 @@ class RLArguments(_Group):
         _at_least(self, 1, "reflect_max_new_tokens", "per_device_eval_batch_size", "ppo_epochs")
         _at_least(self, 0, "replay_buffer_size", "replay_batch_size")
         _positive(self, "temperature", "ppo_clip", "refuel_eta")
-        _at_least(self, 0, "entropy_coef")
+        _at_least(self, 0, "entropy_coef", "top_k")
         _probability(self, "reflect_prob")
+        need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(self.trainer != "refuel" or self.baseline == "none", "baseline",
               "REFUEL regresses return differences and takes no baseline")
         super().__post_init__()

@@ -205,12 +205,12 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
 class TwoPlayerRollout:
     def __init__(self, policy, tokenizer, *, reflector=None, reflect_tokenizer=None, reflect_prob: float = 1.0,
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
-                 greedy: bool = False):
+                 greedy: bool = False, top_p: float = 1.0, top_k: int = 0):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
         self.reflect_prob = reflect_prob if reflector is not None else 0.0
-        self.temperature = temperature
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_new_tokens = reflect_max_new_tokens
         self.greedy = greedy
         self.stats = RolloutStats()
@@ -223,7 +223,7 @@ class TwoPlayerRollout:
         """The rollout the flags describe (the same for RL, evaluation and the benchmarks)."""
         return cls(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                    reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
-                   reflect_max_new_tokens=args.reflect_max_new_tokens)
+                   reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k)
 
     # --- the two players ----------------------------------------------------------------
 
@@ -237,7 +237,7 @@ class TwoPlayerRollout:
         batch = encoded.inputs
         config = GenerationConfig(
             do_sample=not self.greedy, temperature=self.temperature if not self.greedy else None,
-            top_k=0 if not self.greedy else None, top_p=1.0 if not self.greedy else None,
+            top_k=self.top_k if not self.greedy else None, top_p=self.top_p if not self.greedy else None,
             max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids,
             pad_token_id=self.reflect_tokenizer.pad_token_id)
         devices = [batch["input_ids"].device] if batch["input_ids"].is_cuda else []

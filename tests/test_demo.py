@@ -32,9 +32,14 @@ def small(monkeypatch):
     return evaluated
 
 
+def _rl_runs(folder) -> list:
+    """The RL runs of one seed's demo, one folder per variant."""
+    return [run for variant in sorted((folder / "runs").glob("rl-*")) for run in run_dirs(variant, "rl_finetune")]
+
+
 def _training_seeds(folder) -> set[int]:
     seeds = set()
-    for run in run_dirs(folder / "runs", "rl_finetune"):
+    for run in _rl_runs(folder):
         for checkpoint in run.glob("checkpoint-*"):
             seeds |= {json.loads(x)["seed"] for x in (checkpoint / "episodes.jsonl").read_text().splitlines()}
     return seeds
@@ -56,10 +61,16 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
         assert all(row.rstrip(" |").endswith("| 4") for row in rows)  # every row: the same 4 episodes
         assert "| accuracy | " in seed_report
         assert (folder / "rl_curves.png").stat().st_size > 10_000
-        assert len(run_dirs(folder / "runs", "rl_finetune")) == 3
-        for run in run_dirs(folder / "runs", "rl_finetune"):  # the held-out panel was played
+        assert len(_rl_runs(folder)) == 3
+        for run in _rl_runs(folder):  # the held-out panel was played
             records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
             assert [r["step"] for r in records if "heldout_success" in r] == [0, 1, 2]
+        logs = sorted(path.name for path in (folder / "logs").iterdir())  # each stage ran, its output kept
+        assert logs == ["rl-reflect-rl.log", "rl-rlft-only.log", "rl-sft-rlft-w-o-reflection.log",
+                        "sft-plain.log", "sft-policy.log", "sft-reflector.log"]
+        assert "trained 2 steps" in (folder / "logs" / "sft-policy.log").read_text()
+        settings = (_rl_runs(folder)[0] / "setting.yml").read_text()  # Reflect-RL reflects greedily
+        assert f"top_k: {demo.REFLECT_TOP_K}" in settings and "reflect_load_dir: " in settings
     results = json.loads((root / "results.json").read_text())
     assert [r["name"] for r in results["0"]["results"]] == list(demo.ROWS)
     assert set(results["0"]["timings"]) >= {"data generation (oracle writer)", "evaluation", "reflector accuracy"}
@@ -77,3 +88,63 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     again = json.loads((tmp_path / "b" / "demo" / "results.json").read_text())["0"]
     assert [(r["name"], r["levels"]) for r in again["results"]] == [(r["name"], r["levels"]) for r in results["0"]["results"]]
     assert again["reflector_accuracy"] == results["0"]["reflector_accuracy"]
+
+
+@pytest.mark.slow
+def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, small, monkeypatch):
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0"]) == 0
+    first = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]
+    real_run_seed = demo.run_seed
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("seed 0 was run again")
+
+    monkeypatch.setattr(demo, "run_seed", must_not_run)
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seeds", "0"]) == 0
+    assert json.loads((tmp_path / "demo" / "results.json").read_text())["0"] == first
+
+    ran = []
+    monkeypatch.setattr(demo, "run_seed", lambda *args, **kwargs: ran.append(args) or real_run_seed(*args, **kwargs))
+    monkeypatch.setattr(demo, "EVAL_EPISODES", 2)  # another budget: the seed is run again, from a clean folder
+    (tmp_path / "demo" / "seed-0" / "stale.txt").write_text("left over")
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seeds", "0"]) == 0
+    assert len(ran) == 1 and not (tmp_path / "demo" / "seed-0" / "stale.txt").exists()
+    rows = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]["results"]
+    assert all(r["levels"]["pickup"]["episodes"] == 2 for r in rows)
+
+
+def test_stage_output_goes_to_its_log_whoever_writes_it(tmp_path, capfd):
+    import logging
+    import os
+    import sys
+
+    log = tmp_path / "logs" / "stage.log"
+    with demo._output_to(log):
+        print("from print")
+        sys.stderr.write("from stderr\n")
+        os.write(2, b"from the file descriptor\n")
+        logging.getLogger("some.library").warning("from a logger")
+    print("after")
+    text = log.read_text()
+    assert all(line in text for line in ("from print", "from stderr", "from the file descriptor"))
+    out, err = capfd.readouterr()
+    assert out == "after\n" and "from" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):
+    """Two streams of data-generation stages, in this process or in two workers: the same files."""
+    def stage(seed: int) -> demo.Stage:
+        out = tmp_path / f"data-{seed}"
+        return demo.Stage(f"data {seed}", "data_gen.taxi.reflection",
+                          [*demo.TASK, "--api=oracle", "--num_episodes=3", f"--output_dir={out}", f"--seed={seed}"],
+                          tmp_path / "logs" / f"data-{seed}.log")
+
+    seconds = demo.run_side_by_side([[stage(0)], [stage(1), stage(2)]], workers)
+    assert sorted(seconds) == ["data 0", "data 1", "data 2"]
+    for seed in range(3):
+        assert "[taxi.reflection] episodes: 3" in (tmp_path / "logs" / f"data-{seed}.log").read_text()
+        alone = tmp_path / f"alone-{seed}"
+        demo.call(demo.data_gen.taxi.reflection.main, [*stage(seed).argv[:-2], f"--output_dir={alone}", f"--seed={seed}"])
+        assert (alone / "data_reflection.json").read_bytes() == (tmp_path / f"data-{seed}" / "data_reflection.json").read_bytes()

@@ -9,7 +9,7 @@ import torch
 
 import models
 from envs import make_env
-from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt
+from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt, reflection_prompt
 from rollout import LABEL_INDEX, Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 
 
@@ -168,6 +168,25 @@ def test_greedy_rollout_picks_the_argmax(players):
     with torch.no_grad():
         logp = scorer.logprobs([episode.decisions[0].prompt], [episode.decisions[0].valid]).logprobs
     assert episode.decisions[0].action == int(logp.argmax())
+
+
+def test_top_k_one_gives_greedy_reflections(players):
+    """--top_k 1 reflects greedily whatever the seed; without it the seed changes the text."""
+    policy, tokenizer, reflector, reflect_tokenizer = players
+    env = make_env("taxi")
+    obs, _ = env.reset(seed=3)
+    prompt = [reflection_prompt(obs, env.action_head, env.analyze_instruction)]
+
+    def reflect(seed, **kw):
+        rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
+                                   reflect_max_new_tokens=12, **kw)
+        return rollout.reflect(prompt, seed)[0]
+
+    greedy = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
+                              reflect_max_new_tokens=12, greedy=True).reflect(prompt, 0)[0]
+    assert reflect(0, top_k=1) == reflect(1, top_k=1) == greedy
+    assert len({reflect(seed) for seed in range(4)}) > 1
+    assert len({reflect(seed, top_p=1e-6) for seed in range(4)}) == 1  # a tiny nucleus is greedy too
 
 
 def test_saycan_scores_with_and_without_the_cache_agree(players):
