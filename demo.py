@@ -173,14 +173,16 @@ def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, floa
     """Run each stream (stages in order) in its own process, ``workers`` streams at a time."""
     for stage in (stage for stream in streams for stage in stream):
         say(f"{stage.name}: queued (log: {stage.log})")
-    if workers <= 1:
-        return {name: s for stream in streams for name, s in _run_stages(stream, torch.get_num_threads()).items()}
-    threads = max(1, (os.cpu_count() or 1) // workers)
     seconds: dict[str, float] = {}
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        for done in [pool.submit(_run_stages, stream, threads) for stream in streams]:
-            seconds.update(done.result())
+    if workers <= 1:
+        for stream in streams:
+            seconds.update(_run_stages(stream, torch.get_num_threads()))
+    else:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            for done in [pool.submit(_run_stages, stream, threads) for stream in streams]:
+                seconds.update(done.result())
     for name, s in seconds.items():
         say(f"{name}: done in {s:.0f} s")
     return seconds
