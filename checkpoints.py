@@ -2,7 +2,8 @@
 
 * :func:`make_run_dir` creates ``<ckpt_path>/<id>_<script>/`` and writes its ``setting.yml``;
 * :func:`save_checkpoint` / :func:`load_checkpoint` write and restore adapter (or model),
-  tokenizer, settings, optimiser, RNG states, step and a learner's own state, atomically.
+  tokenizer, choice labels (``labels.json``), settings, optimiser, RNG states, step and a
+  learner's own state, atomically.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import yaml
 from torch import nn
 
 from models import full_head
+from prompts import label_alphabet, write_label_file
 from seeding import rng_state, set_rng_state
 
 SETTINGS_FILE = "setting.yml"
@@ -109,6 +111,7 @@ def save_checkpoint(
     with full_head(model):
         model.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)
+    write_label_file(scratch, label_alphabet(tokenizer), args.model_name)
     save_settings(scratch, args)
     payload = {
         "step": step,

@@ -51,13 +51,13 @@ import torch
 import checkpoints
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
+import models
 from data_gen.common import write_json
 from envs import env_kwargs, make_env
 from envs.taxi import CURRICULA as TAXI_LEVELS
 from evaluation import evaluate
 from experiment_args import parse_args
 from paths import RESULTS_DIR
-from prompts import LABELS
 from visualization import plot
 
 # --- the demo's budget (2 CPU cores, under 20 minutes) and where it departs from the paper --------
@@ -254,7 +254,8 @@ def run_seed(seed: int, folder: Path, workers: int = WORKERS) -> dict:
         call(data_gen.taxi.reflection.main, [*TASK, "--api=oracle", f"--num_episodes={DATA_EPISODES}",
                                              f"--random_prob={DATA_RANDOM_PROB}", f"--output_dir={data}",
                                              f"--seed={seed}"]),
-        call(data_gen.taxi.gen_sft.main, ["--env=taxi", f"--task_file={data / 'data_reflection.json'}"]),
+        call(data_gen.taxi.gen_sft.main, ["--env=taxi", "--model_name=tiny-gpt2",
+                                          f"--task_file={data / 'data_reflection.json'}"]),
     ))
 
     # --- 2. SFT, the reflector beside the two policies
@@ -334,7 +335,9 @@ def slug(name: str) -> str:
 
 def reflector_accuracy(eval_args, config: dict) -> dict[str, list]:
     """How often the SFT reflector advises the oracle's move, per step of held-out episodes."""
-    envs = [make_env("taxi", **env_kwargs(eval_args, evaluation=True)) for _ in range(eval_args.per_device_eval_batch_size)]
+    labels = models.policy_labels(eval_args)
+    envs = [make_env("taxi", **env_kwargs(eval_args, evaluation=True, labels=labels))
+            for _ in range(eval_args.per_device_eval_batch_size)]
     try:
         starts = evaluate.test_episodes(eval_args, envs[0], ACCURACY_EPISODES)
         episodes = evaluate.evaluate_config(eval_args, config, envs, starts)
@@ -344,7 +347,7 @@ def reflector_accuracy(eval_args, config: dict) -> dict[str, list]:
     right: dict[int, list[bool]] = {}
     for episode in episodes:
         for step, decision in enumerate(episode.decisions):
-            oracle = re.search(rf"^{re.escape(LABELS[decision.oracle])}\. (.+)$", decision.obs, re.M).group(1)
+            oracle = re.search(rf"^{re.escape(labels[decision.oracle])}\. (.+)$", decision.obs, re.M).group(1)
             right.setdefault(step, []).append(data_gen.taxi.reflection.advised_command(decision.reflection) == oracle)
     every = [ok for oks in right.values() for ok in oks]
     return {"steps": [[step, float(np.mean(oks)), len(oks)] for step, oks in sorted(right.items())],

@@ -8,6 +8,8 @@ tokens (``--shrink_head``); :func:`full_head` switches back for generation and s
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from prompts import label_token_ids
+from prompts import check_label_file, label_alphabet, label_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -42,22 +44,97 @@ def compute_dtype(args) -> torch.dtype:
 # --- the model/tokenizer loader ----------------------------------------------------------
 
 def resolve_model_path(model_name: str) -> str:
-    """A hub id or a local directory stays as it is; ``tiny-gpt2`` is built (once) and cached."""
+    """Where ``from_pretrained`` finds ``model_name``.
+
+    A hub id or a local directory stays as it is; ``tiny-gpt2`` is built (once) and cached;
+    a ``.gguf`` file is dequantised (once) into a float model folder in the cache.
+    """
     if model_name == TINY_MODEL:
         import tiny_gpt2
 
         return str(tiny_gpt2.tiny_gpt2_path())
+    if model_name.endswith(".gguf"):
+        return str(gguf_folder(model_name))
     return model_name
 
 
-def load_tokenizer(model_name: str):
-    from transformers import AutoTokenizer
+def gguf_folder(gguf_file: str | os.PathLike) -> Path:
+    """The float model folder of a ``.gguf`` file, made on first use by transformers' GGUF loader
+    (needs the ``gguf`` package) and kept in the cache under the file's content hash."""
+    import hashlib
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_name))
+    import transformers
+
+    from tiny_gpt2 import cache_root
+
+    source = Path(gguf_file).expanduser()
+    if not source.is_file():
+        raise ValueError(f"--model_name: no such GGUF file {str(gguf_file)!r}")
+    digest = hashlib.sha256()
+    with open(source, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    key = f"{digest.hexdigest()[:16]}-transformers{transformers.__version__}"
+    target = cache_root() / f"gguf-{source.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ValueError(f"--model_name {str(gguf_file)!r}: reading a .gguf file needs the 'gguf' package "
+                         "(pip install gguf)") from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("dequantising %s into %s (once)", source, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(scratch)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        if getattr(model, "hf_quantizer", None) is not None:  # the loader dequantised: the weights are floats
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(scratch)
+        try:
+            os.rename(scratch, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(model_name: str):
+    """The tokenizer of ``model_name``: left padding (EOS pads where it has no pad token),
+    ``model_max_length`` capped at the model's positions, and its choice labels checked."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = resolve_model_path(model_name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    tokenizer.pad_token = tokenizer.eos_token
-    label_token_ids(tokenizer)  # fails early, listing the labels that are not one token
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"--model_name {model_name!r}: its tokenizer has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    positions = _max_positions(AutoConfig.from_pretrained(path))
+    if positions:
+        tokenizer.model_max_length = min(tokenizer.model_max_length, positions)
+    label_alphabet(tokenizer)  # fails early, one line, if the tokenizer has too few single-token labels
     return tokenizer
+
+
+def policy_labels(args) -> tuple[str, ...]:
+    """The choice labels of ``args.model_name`` (what its environments must show)."""
+    return label_alphabet(load_tokenizer(args.model_name))
+
+
+def _max_positions(config) -> int | None:
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def load_model_and_tokenizer(
@@ -70,13 +147,14 @@ def load_model_and_tokenizer(
 ):
     """Load a causal LM and its tokenizer: THE loader of every script.
 
-    * ``model_name``: hub id, local directory or ``tiny-gpt2`` (default ``args.model_name``).
+    * ``model_name``: hub id, local directory, ``.gguf`` file or ``tiny-gpt2`` (default ``args.model_name``).
     * ``adapter_dir``: a checkpoint to start from, trainable or frozen as ``trainable`` says:
       a peft adapter (``adapter_config.json``), or a whole model saved by a run with
       ``--no_use_peft`` (``config.json``). Without one, a trainable model gets a new LoRA
       adapter (``args.use_peft``) or trains all its weights (``--no_use_peft``).
     * quantisation (``args.load_in_8bit``/``load_in_4bit``, CUDA only) and precision from ``args``.
-    * the tokenizer pads on the left with EOS; every choice label must be one token.
+    * the tokenizer pads on the left (:func:`load_tokenizer`); its choice labels
+      (:func:`prompts.label_alphabet`) must be those the checkpoint was trained with.
     * ``shrink_head``: replace the LM head by the frozen label head (:func:`shrink_lm_head`).
     """
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
@@ -101,6 +179,10 @@ def load_model_and_tokenizer(
     model = AutoModelForCausalLM.from_pretrained(adapter_dir if whole_model else path, **kwargs)
     if not quantized:
         model.to(device())
+    positions = _max_positions(model.config)
+    if positions and args.max_seq_length > positions:
+        raise ValueError(f"--max_seq_length={args.max_seq_length} exceeds the {positions} positions of "
+                         f"model {model_name!r}")
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.loss_type = "ForCausalLM"  # say it, or transformers warns that it guessed
     if trainable and quantized:
@@ -109,6 +191,8 @@ def load_model_and_tokenizer(
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
 
+    if adapter_dir is not None:
+        check_label_file(adapter_dir, label_alphabet(tokenizer), model_name, "checkpoint")
     if adapter_dir is not None and not whole_model:
         if not (Path(adapter_dir) / "adapter_config.json").is_file():
             raise ValueError(f"{adapter_dir!r} is neither an adapter directory (adapter_config.json) nor a "
@@ -154,7 +238,7 @@ class LabelHead(nn.Module):
     """An LM head over the choice-label tokens only: rows copied from the full head, frozen.
 
     Its logits are exactly the full head's logits at the label tokens, in the order
-    of :data:`prompts.LABELS`; the full head is kept so it can be switched back.
+    of the tokenizer's :func:`prompts.label_alphabet`; the full head is kept so it can be switched back.
     """
 
     def __init__(self, full_head: nn.Linear, token_ids: list[int]):

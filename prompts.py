@@ -11,9 +11,22 @@ An observation ends with an enumerated action list that starts at the environmen
 * policy prompt with reflection: ``before + ANALYZE_MARKER + reflection + after + ACTION_MARKER``
 
 An SFT text is the prompt followed by its completion (the reflection, or the label).
+
+The choice labels are the paper's (:data:`LABELS`) wherever the model's tokenizer keeps
+each of them one token after the action marker (the GPT-2 family). Other tokenizers
+(SmolLM2, Qwen2.5, Gemma, Llama-3 split ``"12"`` into digits) get their own *alphabet*,
+chosen by :func:`label_alphabet`; observations rendered with the paper's labels are
+carried over to an alphabet by :func:`relabel`, and a label file saved with SFT data and
+checkpoints (:func:`write_label_file`, :func:`check_label_file`) keeps data, training
+and evaluation on one alphabet.
 """
 
+import itertools
+import json
+import re
 import string
+import weakref
+from pathlib import Path
 
 ANALYZE_MARKER = " # Analyze:\n"
 ACTION_MARKER = " # Action:\n"
@@ -80,29 +93,154 @@ def completion_start(text: str) -> int:
     return index + len(marker)
 
 
-def label_token_ids(tokenizer, labels=LABELS) -> list[int]:
-    """The token id of each label; every label must be ONE token, also right after a marker.
+# --- choice labels that fit a tokenizer ------------------------------------------------------
 
-    Raises ``ValueError`` listing the offending labels, or naming a marker that merges
-    with the text after it (then prompt + completion would not tokenize as prompt,
-    then completion).
-    """
-    marker_ids = tokenizer.encode(ACTION_MARKER, add_special_tokens=False)
-    ids, bad = [], []
+# How a policy prompt ends (the last listed action, then the marker): a label is read
+# as the next token right here.
+_LABEL_CONTEXT = "0. go north\n" + ACTION_MARKER
+
+
+def _extra_candidates():
+    """Labels tried, in this order, after the paper's: two letters (aa..zz, Aa..Zz, AA..ZZ)."""
+    lower, upper = string.ascii_lowercase, string.ascii_uppercase
+    for first, second in ((lower, lower), (upper, lower), (upper, upper)):
+        for a, b in itertools.product(first, second):
+            yield a + b
+
+
+def tokenizer_name(tokenizer) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+def _single_token_ids(tokenizer, labels) -> list[int | None]:
+    """Each label's token id where a prompt + label text tokenises as the prompt, then ONE
+    token (the label's), else None. (SentencePiece tokenizers may spell a label differently
+    alone; only its spelling after the marker matters.)"""
+    context = tokenizer.encode(_LABEL_CONTEXT, add_special_tokens=False)
+    ids = []
     for label in labels:
-        alone = tokenizer.encode(label, add_special_tokens=False)
-        after_marker = tokenizer.encode(ACTION_MARKER + label, add_special_tokens=False)
-        if len(alone) != 1 or after_marker != marker_ids + alone:
-            bad.append(label)
-        else:
-            ids.append(alone[0])
-    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    if bad:
-        raise ValueError(f"{len(bad)} choice labels are not one token after {ACTION_MARKER!r} "
-                         f"with tokenizer {name!r}: {bad}")
+        after = tokenizer.encode(_LABEL_CONTEXT + label, add_special_tokens=False)
+        ok = len(after) == len(context) + 1 and after[: len(context)] == context
+        ids.append(after[-1] if ok else None)
+    return ids
+
+
+def _check_markers(tokenizer) -> None:
+    """A marker must end at a token boundary whatever follows it."""
     for marker in (ANALYZE_MARKER, ACTION_MARKER):
         prefix = tokenizer.encode("state" + marker, add_special_tokens=False)
         whole = tokenizer.encode("state" + marker + "Reflection.", add_special_tokens=False)
         if whole[: len(prefix)] != prefix:
-            raise ValueError(f"tokenizer {name!r} merges the marker {marker!r} with the text after it")
+            raise ValueError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker {marker!r} with the "
+                             "text after it")
+
+
+_ALPHABETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def label_alphabet(tokenizer) -> tuple[str, ...]:
+    """The choice labels of ``tokenizer``, as many as :data:`LABELS`, in display order.
+
+    The paper's labels if each is one token after the action marker (GPT-2 family: the
+    prompts are the paper's, byte for byte). Otherwise the paper's labels that are one
+    token, in their order, then two-letter labels (see :func:`_extra_candidates`) that are,
+    with distinct token ids; deterministic for a tokenizer. Raises a one-line
+    ``ValueError`` naming the model if the tokenizer cannot supply enough.
+    """
+    cached = _ALPHABETS.get(tokenizer)
+    if cached is not None:
+        return cached
+    _check_markers(tokenizer)
+    chosen, seen = [], set()
+    for batch in (LABELS, tuple(_extra_candidates())):
+        for label, token in zip(batch, _single_token_ids(tokenizer, batch)):
+            if token is not None and token not in seen and len(chosen) < len(LABELS):
+                chosen.append(label)
+                seen.add(token)
+    if len(chosen) < len(LABELS):
+        raise ValueError(f"tokenizer {tokenizer_name(tokenizer)!r} supplies only {len(chosen)} choice labels that "
+                         f"are one token after {ACTION_MARKER!r}; {len(LABELS)} are needed (the paper's labels "
+                         "0..199, a..z, A..Z and two-letter ones were tried)")
+    alphabet = tuple(chosen)
+    _ALPHABETS[tokenizer] = alphabet
+    return alphabet
+
+
+def label_token_ids(tokenizer, labels=None) -> list[int]:
+    """The token id of each label (default: the tokenizer's :func:`label_alphabet`).
+
+    Raises ``ValueError`` listing the labels that are not one token after the marker.
+    """
+    labels = label_alphabet(tokenizer) if labels is None else tuple(labels)
+    ids = _single_token_ids(tokenizer, labels)
+    bad = [label for label, token in zip(labels, ids) if token is None]
+    if bad:
+        raise ValueError(f"{len(bad)} choice labels are not one token after {ACTION_MARKER!r} "
+                         f"with tokenizer {tokenizer_name(tokenizer)!r}: {bad}")
+    _check_markers(tokenizer)
     return ids
+
+
+def relabel(obs: str, action_head: str, labels) -> str:
+    """``obs`` (rendered with the paper's :data:`LABELS`) with each listed action's label
+    replaced by the one at the same position of ``labels``."""
+    labels = tuple(labels)
+    if labels == LABELS:
+        return obs
+    before, after = split_observation(obs, action_head)
+    mapping = dict(zip(LABELS, labels))
+
+    def swap(match: re.Match) -> str:
+        if match.group(1) not in mapping:
+            raise ValueError(f"action line {match.group(0)!r} has no label of the paper's alphabet")
+        return mapping[match.group(1)] + match.group(2)
+
+    head, _, listing = after.partition("\n")
+    return before + head + "\n" + re.sub(r"^([^.\n]+)(\. )", swap, listing, flags=re.M)
+
+
+def relabel_label(label: str, labels) -> str:
+    """The label at ``label``'s position of :data:`LABELS` in ``labels``."""
+    return tuple(labels)[LABELS.index(label)]
+
+
+# --- the label file of SFT data and checkpoints ----------------------------------------------
+
+LABEL_FILE = "labels.json"
+
+
+def write_label_file(directory, labels, model: str) -> Path:
+    """Save the alphabet (and the model it was chosen for) as ``<directory>/labels.json``."""
+    path = Path(directory) / LABEL_FILE
+    path.write_text(json.dumps({"model": model, "labels": list(labels)}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_label_file(directory) -> dict | None:
+    """``{"model", "labels"}`` from ``<directory>/labels.json``; None if there is none (the paper's labels)."""
+    path = Path(directory) / LABEL_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {"model": str(data["model"]), "labels": tuple(data["labels"])}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a label file ({error})") from None
+
+
+def check_label_file(directory, labels, model: str, what: str) -> None:
+    """Stop with one line naming both sides if ``what`` (``directory``) was made with other
+    choice labels than ``labels``, the alphabet of ``model``. No file means the paper's labels."""
+    saved = read_label_file(directory)
+    theirs = LABELS if saved is None else saved["labels"]
+    if tuple(theirs) == tuple(labels):
+        return
+    source = f"model {saved['model']!r}" if saved else "the paper's labels (it has no labels.json)"
+    differ = next(i for i, (a, b) in enumerate(itertools.zip_longest(theirs, labels)) if a != b)
+    raise ValueError(f"{what} {str(directory)!r} uses the choice labels of {source}, but model {model!r} uses "
+                     f"other ones (label {differ}: {_at(theirs, differ)!r} there, {_at(labels, differ)!r} here); "
+                     f"make it again for {model!r}")
+
+
+def _at(labels, index: int):
+    return labels[index] if index < len(labels) else None

@@ -53,10 +53,10 @@ def main(args) -> int:
     rng = np.random.default_rng([args.seed, accelerator.process_index])  # each rank draws its own episodes
     progress = resume(args, learner, rng, accelerator) if args.resume_from else Progress()
     recorder = Recorder(args, accelerator, progress)
-    envs = [make_env(args.env, **env_kwargs(args, run_dir=recorder.run_dir))
+    envs = [make_env(args.env, **env_kwargs(args, run_dir=recorder.run_dir, labels=rollout.labels))
             for _ in range(args.per_device_eval_batch_size)]
     play = functools.partial(rollout.run, envs)
-    panel = HeldOutPanel(args, recorder.run_dir) if args.eval_steps else None
+    panel = HeldOutPanel(args, recorder.run_dir, rollout.labels) if args.eval_steps else None
     if panel is not None and progress.iteration == 0:
         recorder.log_heldout(0, panel.evaluate(rollout))  # where the policy starts
 

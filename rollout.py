@@ -31,7 +31,7 @@ from transformers import GenerationConfig
 
 import models
 from envs.base import TextEnv
-from prompts import LABELS, clean_reflection, label_token_ids, policy_prompt, reflection_prompt
+from prompts import clean_reflection, label_alphabet, label_token_ids, policy_prompt, reflection_prompt
 
 
 class _UnpaddedGenerateWarning(logging.Filter):
@@ -52,17 +52,14 @@ def _silence_unpadded_generate_warning() -> None:
     if not any(isinstance(f, _UnpaddedGenerateWarning) for f in hf_logger.filters):
         hf_logger.addFilter(_UnpaddedGenerateWarning())
 
-LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
-
-
 @dataclass
 class Decision:
     """One policy step: what it saw, what it could pick, what it picked."""
 
     obs: str
     prompt: str
-    valid: list[int]  # indices into prompts.LABELS of the labels shown
-    action: int  # index into prompts.LABELS of the label chosen
+    valid: list[int]  # indices into the policy's label alphabet of the labels shown
+    action: int  # index into the policy's label alphabet of the label chosen
     logprob: float  # log-probability of ``action`` under the behaviour policy, at the temperature
     entropy: float
     reflection: str | None = None
@@ -131,7 +128,7 @@ class RolloutStats:
 class Choice(NamedTuple):
     """The policy's pick at one step."""
 
-    action: int  # index into prompts.LABELS
+    action: int  # index into the policy's label alphabet
     logprob: float  # at the temperature
     entropy: float  # of the distribution over the valid labels
 
@@ -140,7 +137,7 @@ class Choice(NamedTuple):
 class LabelScores:
     """What one batched policy forward pass gives."""
 
-    logprobs: torch.Tensor  # (B, len(LABELS)) log-probabilities at the temperature, -inf outside the valid labels
+    logprobs: torch.Tensor  # (B, len(labels)) log-probabilities at the temperature, -inf outside the valid labels
     hidden: torch.Tensor | None  # (B, hidden) last hidden state at the action marker, if asked for
     truncated: int  # prompts cut from the left at max_seq_length
     tokens: int  # prompt tokens read
@@ -156,12 +153,18 @@ class Encoded:
 
 
 class PolicyScorer:
-    """Log-probabilities of the choice labels after policy prompts (with or without gradient)."""
+    """Log-probabilities of the choice labels after policy prompts (with or without gradient).
+
+    The labels are the tokenizer's alphabet (:func:`prompts.label_alphabet`); ``label_index``
+    maps a label to its column.
+    """
 
     def __init__(self, policy, tokenizer, max_seq_length: int, temperature: float):
         self.policy, self.tokenizer = policy, tokenizer
         self.max_seq_length, self.temperature = max_seq_length, temperature
-        self.label_ids = torch.tensor(label_token_ids(tokenizer))
+        self.labels = label_alphabet(tokenizer)
+        self.label_index = {label: i for i, label in enumerate(self.labels)}
+        self.label_ids = torch.tensor(label_token_ids(tokenizer, self.labels))
 
     def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False) -> LabelScores:
         """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i."""
@@ -217,6 +220,11 @@ class TwoPlayerRollout:
         _silence_unpadded_generate_warning()
         newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False)
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The policy's choice labels: build the environments with them (``make_env(..., labels=...)``)."""
+        return self.scorer.labels
 
     @classmethod
     def from_args(cls, args, policy, tokenizer, reflector=None, reflect_tokenizer=None) -> "TwoPlayerRollout":
@@ -276,7 +284,11 @@ class TwoPlayerRollout:
         """Play one episode per env from ``starts``; all randomness comes from ``rng``."""
         if len(envs) != len(starts):
             raise ValueError(f"{len(envs)} envs but {len(starts)} episode starts")
-        slots = [Slot.begin(env, start) for env, start in zip(envs, starts)]
+        for env in envs:
+            if env.label_set != self.labels:
+                raise ValueError(f"an environment shows the labels {env.label_set[:12]}..., the policy reads "
+                                 f"{self.labels[:12]}...: build it with make_env(..., labels=rollout.labels)")
+        slots = [Slot.begin(env, start, self.scorer.label_index) for env, start in zip(envs, starts)]
         running = slots
         while running:
             step_seed = int(rng.integers(2**31 - 1))
@@ -286,7 +298,7 @@ class TwoPlayerRollout:
             free = [slot for slot in running if not slot.replaying]
             self._reflect(free, rng, step_seed)
             prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection) for slot in free]
-            valid = [[LABEL_INDEX[label] for label in slot.info["labels"]] for slot in free]
+            valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
             for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
                 slot.decide(prompt, labels, choice)
             for slot in running:
@@ -322,13 +334,15 @@ class Slot:
     episode: Episode
     obs: str
     info: dict
+    label_index: dict[str, int]  # the policy's alphabet: label -> index
     reflection: str | None = None  # the reflection shown at the current step
     done: bool = False
 
     @classmethod
-    def begin(cls, env: TextEnv, start: EpisodeStart) -> "Slot":
+    def begin(cls, env: TextEnv, start: EpisodeStart, label_index: dict[str, int]) -> "Slot":
         obs, info = env.reset(seed=start.seed, options=start.options)
-        return cls(env, start, Episode(seed=start.seed, options=start.options, level=start.level), obs, info)
+        return cls(env, start, Episode(seed=start.seed, options=start.options, level=start.level), obs, info,
+                   label_index)
 
     @property
     def step(self) -> int:
@@ -354,7 +368,7 @@ class Slot:
         self.episode.decisions.append(Decision(
             obs=self.obs, prompt=prompt, valid=valid, action=choice.action, logprob=choice.logprob,
             entropy=choice.entropy,
-            reflection=self.reflection, oracle=None if oracle is None else LABEL_INDEX[oracle]))
+            reflection=self.reflection, oracle=None if oracle is None else self.label_index[oracle]))
 
     def replay_decision(self) -> None:
         self.episode.decisions.append(dataclasses.replace(self.start.replay[self.step]))
@@ -362,7 +376,7 @@ class Slot:
     def advance(self) -> None:
         """Play the last decision's label in the env."""
         decision = self.episode.decisions[-1]
-        self.obs, reward, terminated, truncated, self.info = self.env.step(LABELS[decision.action])
+        self.obs, reward, terminated, truncated, self.info = self.env.step(self.env.label_set[decision.action])
         decision.reward = float(reward)
         if terminated or truncated:
             self.done = True

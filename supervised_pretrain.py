@@ -23,7 +23,15 @@ import metrics
 import models
 import seeding
 from experiment_args import parse_args
-from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start
+from prompts import (
+    ACTION_MARKER,
+    ANALYZE_MARKER,
+    check_label_file,
+    completion_start,
+    label_alphabet,
+    tokenizer_name,
+    write_label_file,
+)
 
 logger = logging.getLogger(__name__)
 SCRIPT = "supervised_pretrain"
@@ -59,9 +67,14 @@ def encode_example(tokenizer, text: str, max_seq_length: int, reflect: bool | No
     if reflect is not None and (marker == ANALYZE_MARKER) != reflect:
         wanted = "a reflection after" if reflect else "a label after"
         raise ValueError(f"--reflect={reflect}: expected {wanted} the last marker, got text ending {text[-120:]!r}")
-    # Markers end at a token boundary (checked by the loader), so the parts tokenise independently.
+    # Markers end at a token boundary (checked by the loader): the text's tokens are the prompt's, then the
+    # completion's. (Tokenising the completion alone could differ: SentencePiece adds a leading space.)
     prompt = tokenizer(text[:start], add_special_tokens=False)["input_ids"]
-    completion = tokenizer(text[start:], add_special_tokens=False)["input_ids"]
+    whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if whole[: len(prompt)] != prompt:
+        raise ValueError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker with the completion in "
+                         f"{text[start - 40:start + 40]!r}")
+    completion = whole[len(prompt):]
     if marker == ANALYZE_MARKER:
         completion = completion + [tokenizer.eos_token_id]
     room = max_seq_length - len(completion)
@@ -89,10 +102,11 @@ class PadCollator:
 
 
 class RunFiles(TrainerCallback):
-    """Logs to the run's metrics.jsonl/TensorBoard and saves setting.yml into each checkpoint."""
+    """Logs to the run's metrics.jsonl/TensorBoard; saves setting.yml and the choice labels
+    (``labels.json``) into each checkpoint."""
 
-    def __init__(self, args, run_dir: Path):
-        self.args, self.run_dir = args, run_dir
+    def __init__(self, args, run_dir: Path, labels: tuple[str, ...]):
+        self.args, self.run_dir, self.labels = args, run_dir, labels
         self.metrics = metrics.MetricLogger(run_dir)
 
     def on_log(self, training_args, state, control, logs=None, **kwargs):
@@ -101,16 +115,28 @@ class RunFiles(TrainerCallback):
 
     def on_save(self, training_args, state, control, **kwargs):
         if state.is_world_process_zero:
-            checkpoints.save_settings(self.run_dir / f"checkpoint-{state.global_step}", self.args)
+            checkpoint = self.run_dir / f"checkpoint-{state.global_step}"
+            checkpoints.save_settings(checkpoint, self.args)
+            write_label_file(checkpoint, self.labels, self.args.model_name)
 
     def on_train_end(self, training_args, state, control, **kwargs):
         self.metrics.close()
+
+
+def check_data_labels(args, tokenizer, texts: list[str]) -> None:
+    """Policy texts must carry the choice labels of the model being trained: those of the data's
+    ``labels.json`` (written by gen_sft; none: the paper's) are compared with the tokenizer's."""
+    if not any(text[:completion_start(text)].endswith(ACTION_MARKER) for text in texts):
+        return  # reflection data shows no choice labels
+    check_label_file(Path(args.task_file).parent, label_alphabet(tokenizer), args.model_name,
+                     "--task_file's folder")
 
 
 def build_dataset(args, tokenizer):
     from datasets import Dataset
 
     texts = read_texts(args.task_file)
+    check_data_labels(args, tokenizer, texts)
     examples = [encode_example(tokenizer, t, args.max_seq_length, args.reflect) for t in texts]
     kept = [e for e in examples if e is not None]
     if len(kept) < len(examples):
@@ -150,7 +176,7 @@ def main(args) -> int:
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
                       data_collator=PadCollator(tokenizer.pad_token_id), processing_class=tokenizer,
-                      callbacks=[RunFiles(args, run_dir)])
+                      callbacks=[RunFiles(args, run_dir, label_alphabet(tokenizer))])
     result = trainer.train(resume_from_checkpoint=args.resume_from)
     final = run_dir / f"checkpoint-{trainer.state.global_step}"
     print(f"[supervised_pretrain] trained {trainer.state.global_step} steps on {len(dataset)} texts, "

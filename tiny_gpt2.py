@@ -190,7 +190,7 @@ def build(target: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         tokenizer = _train_tokenizer()
-        label_token_ids(tokenizer)
+        label_token_ids(tokenizer, LABELS)  # the paper's labels, each one token
         tokenizer.save_pretrained(scratch)
         _random_model(tokenizer).save_pretrained(scratch)
         try:

@@ -26,18 +26,18 @@ from benchmarks.saycan import SayCanScorer
 from envs import make_env
 from experiment_args import parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
-from rollout import LABEL_INDEX, PolicyScorer
+from rollout import PolicyScorer
 
 SIZES = (6, 20, 50, 100)
 
 
-def observation(size: int, root: Path) -> tuple[str, list[str], object]:
+def observation(size: int, root: Path, labels) -> tuple[str, list[str], object]:
     """An AutoExplore observation at a repo root with ``size`` actions (cat + id per file)."""
     repo = root / f"repo{size}"
     repo.mkdir()
     for i in range(size // 2):
         (repo / f"module_{i:03d}.py").write_text(f"def function_{i}():\n    return {i}\n")
-    env = make_env("auto_explore")
+    env = make_env("auto_explore", labels=labels)
     task = {"question": "Which file defines function_0?", "filename": "module_000.py", "root": str(repo)}
     obs, info = env.reset(seed=0, options={"task": task})
     return obs, info, env
@@ -61,9 +61,9 @@ def main(args) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for size in SIZES:
-            obs, info, env = observation(size, Path(scratch))
+            obs, info, env = observation(size, Path(scratch), enumeration.labels)
             prompt = policy_prompt(obs, env.action_head)
-            valid = [LABEL_INDEX[label] for label in info["labels"]]
+            valid = [enumeration.label_index[label] for label in info["labels"]]
             state = split_observation(obs, env.action_head)[0] + ACTION_MARKER
             actions = info["actions"]
             enum_ms = timed(lambda p=prompt, v=valid: enumeration.logprobs([p], [v]), runs)

@@ -33,7 +33,7 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     rollout = rl_finetune.load_players(args, args.load_dir)
     learner = LEARNERS["pg"](args, rollout.scorer, Accelerator(cpu=not torch.cuda.is_available()))
     policy, reflector = rollout.scorer.policy, rollout.reflector
-    play = functools.partial(rollout.run, [make_env("taxi", horizon=10) for _ in range(batch)])
+    play = functools.partial(rollout.run, [make_env("taxi", horizon=10, labels=rollout.labels) for _ in range(batch)])
     curriculum = taxi_curriculum(1)
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()

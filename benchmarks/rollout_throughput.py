@@ -27,7 +27,7 @@ BATCHES = (1, 8, 32)
 
 def play(rollout: TwoPlayerRollout, starts: list[EpisodeStart], batch: int) -> tuple[float, int, int]:
     """Seconds, decisions and tokens to play ``starts`` in groups of ``batch``."""
-    envs = [make_env("taxi", horizon=10) for _ in range(batch)]
+    envs = [make_env("taxi", horizon=10, labels=rollout.labels) for _ in range(batch)]
     before = (rollout.stats.decisions, rollout.stats.policy_tokens + rollout.stats.reflection_prompt_tokens
               + rollout.stats.reflection_new_tokens)
     tic = time.perf_counter()

@@ -5,6 +5,11 @@ taken``, the paper's recipe: the policy learns the format and a weak link to the
 reflection, and stays exploratory) or the oracle's best action (``--sft_label oracle``).
 Records keep both (``taken``, ``action``).
 
+Records keep the paper's choice labels (the data-generation steps render with them); the
+texts carry the labels of ``--model_name``'s tokenizer (``prompts.label_alphabet``: the
+paper's for the GPT-2 family), and ``labels.json`` beside them says which, so SFT, RL and
+evaluation can check that they agree.
+
 Three files, each line ``{"text": ...}``:
 
 * ``sft.jsonl`` — no reflection: ``obs + ACTION_MARKER + label`` (SFT-only and SFT+RLFT without reflection);
@@ -15,14 +20,16 @@ Three files, each line ``{"text": ...}``:
 from pathlib import Path
 
 from data_gen.common import print_counts, read_json, write_jsonl
-from prompts import policy_sft_text, reflection_sft_text
+from prompts import LABELS, policy_sft_text, reflection_sft_text, relabel, relabel_label, write_label_file
 
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 
 
-def sft_texts(obs: str, env_cls, label: str, reflection: str) -> tuple[str, str, str]:
-    """The three SFT texts of one state, in the order of :data:`SFT_FILES`."""
+def sft_texts(obs: str, env_cls, label: str, reflection: str, labels=LABELS) -> tuple[str, str, str]:
+    """The three SFT texts of one state (``obs`` and ``label`` in the paper's labels), in the order
+    of :data:`SFT_FILES`, with the choice labels ``labels``."""
     head = env_cls.action_head
+    obs, label = relabel(obs, head, labels), relabel_label(label, labels)
     return (
         policy_sft_text(obs, head, label),
         reflection_sft_text(obs, head, reflection, instruction=env_cls.analyze_instruction),
@@ -33,12 +40,28 @@ def sft_texts(obs: str, env_cls, label: str, reflection: str) -> tuple[str, str,
 LABEL_KEYS = {"taken": "taken", "oracle": "action"}  # --sft_label -> the record field it reads
 
 
-def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "") -> dict[str, int]:
+def sft_labels(args) -> tuple[str, ...]:
+    """The choice labels of ``--model_name`` (the model the texts are for), or a one-line error."""
+    import models
+
+    try:
+        return models.policy_labels(args)
+    except OSError as error:  # no such folder, no hub access, ...
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"--model_name {args.model_name!r}: cannot load its tokenizer to choose the choice labels "
+                         f"of the SFT texts ({first}); give the model you will fine-tune (a local folder, a .gguf "
+                         "file or tiny-gpt2)") from None
+
+
+def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "",
+                    labels=LABELS, model: str = "") -> dict[str, int]:
     """Write the three files (``sft<suffix>.jsonl`` ...) from records with state/reflection and the
-    label ``--sft_label`` names."""
+    label ``--sft_label`` names, in the choice labels ``labels`` (of ``model``), and ``labels.json``."""
     key = LABEL_KEYS[label]
-    columns = list(zip(*(sft_texts(r["state"], env_cls, r[key], r["reflection"]) for r in records))) or [
+    columns = list(zip(*(sft_texts(r["state"], env_cls, r[key], r["reflection"], labels) for r in records))) or [
         (), (), ()]
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_label_file(out_dir, labels, model)
     counts = {}
     for name, texts in zip(SFT_FILES, columns):
         name = name.replace(".jsonl", f"{suffix}.jsonl")
@@ -56,6 +79,9 @@ def gen_sft_main(args, env_cls, default_input: Path, step: str) -> int:
         raise ValueError(f"--sft_label {args.sft_label}: record {stale} of {task_file} has no {key!r} field "
                          "(written before records kept it); run the reflection step again")
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
-    counts = write_sft_files(records, env_cls, out_dir, label=args.sft_label)
-    print_counts(step, {"records": len(records), "label": args.sft_label, **counts, "output": str(out_dir)})
+    labels = sft_labels(args)
+    counts = write_sft_files(records, env_cls, out_dir, label=args.sft_label, labels=labels, model=args.model_name)
+    print_counts(step, {"records": len(records), "label": args.sft_label, **counts,
+                        "choice labels": "the paper's" if labels == LABELS else f"{args.model_name}'s",
+                        "output": str(out_dir)})
     return 0

@@ -28,13 +28,15 @@ def make_env(name: str, **kwargs) -> TextEnv:
     raise ValueError(f"unknown environment {name!r}; choose from {ENV_NAMES}")
 
 
-def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, split: str | None = None) -> dict:
+def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, split: str | None = None,
+               labels=None) -> dict:
     """Keyword arguments of ``make_env(args.env, ...)`` from the shared flags.
 
     ``evaluation`` turns training-only randomisation off (AutoExplore leave-out) and
-    picks a held-out ALFWorld split unless ``split`` names one.
+    picks a held-out ALFWorld split unless ``split`` names one. ``labels``: the policy's
+    choice labels (``rollout.labels``; default the paper's).
     """
-    kwargs: dict = {"horizon": args.horizon, "shuffle_action": args.shuffle_action}
+    kwargs: dict = {"horizon": args.horizon, "shuffle_action": args.shuffle_action, "labels": labels}
     if args.env == "taxi":
         kwargs.update(with_prompt=args.with_prompt, with_history=args.with_history, first_step=args.first_step)
     elif args.env == "auto_explore":

@@ -66,8 +66,8 @@ class ALFWorldEnv(TextEnv):
                  task: str = "pick_and_place_simple-Tomato-None-Microwave", split: str = "train",
                  expert: str = "handcoded", timeout: float = 60.0,
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
-                 problems: list | None = None, render_mode: str | None = None):
-        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode)
+                 problems: list | None = None, render_mode: str | None = None, labels=None):
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
         if expert not in EXPERTS:
             raise ValueError(f"ALFWorld expert must be one of {EXPERTS} (--alfworld_expert), got {expert!r}")
         if not timeout > 0:

@@ -35,7 +35,6 @@ from envs.sandbox import (
     resolve,
 )
 from paths import DATA_DIR
-from prompts import LABELS
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +129,11 @@ class AutoExploreEnv(TextEnv):
         repos_dir: str | os.PathLike | None = None,
         tasks: list[dict] | None = None,
         render_mode: str | None = None,
+        labels=None,
     ):
         if not 0.0 <= leaveout_prob <= 1.0:
             raise ValueError(f"leaveout_prob must be in [0, 1], got {leaveout_prob}")
-        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode)
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
         self.leaveout_prob = float(leaveout_prob)
         self.easy = easy
         self.first_step = first_step
@@ -230,9 +230,9 @@ class AutoExploreEnv(TextEnv):
         actions += [f"cd {quote_path(d)}" for d in dirs]
         actions += [f"cat {quote_path(f)}" for f in files if self._rel(f) not in self._read]
         actions += [f"id {quote_path(f)}" for f in files]
-        if len(actions) > len(LABELS):
+        if len(actions) > len(self.label_set):
             raise RuntimeError(f"{len(actions)} actions in {self._repo_name}/{self.cwd} exceed the "
-                               f"{len(LABELS)} choice labels; split that directory in the filtered repo")
+                               f"{len(self.label_set)} choice labels; split that directory in the filtered repo")
         return actions
 
     def _rel(self, name: str) -> str:
@@ -315,7 +315,7 @@ class AutoExploreEnv(TextEnv):
             return self.step(self._labels[self._actions.index(command)])
         if self.done:
             raise RuntimeError("step_command() called on a finished episode; call reset() first")
-        spare = next((label for label in LABELS if label not in self._labels), None)
+        spare = next((label for label in self.label_set if label not in self._labels), None)
         if spare is None:
             raise RuntimeError("no spare label left for a free-form command")
         labels, actions = list(self._labels), list(self._actions)

@@ -1,7 +1,8 @@
 """What the three environments share: text spaces, choice labels and the step contract.
 
 An environment shows a state text followed by its *action head* line and the valid
-actions, each behind a choice label (``prompts.LABELS``). The agent answers with a
+actions, each behind a choice label (``labels``: the paper's ``prompts.LABELS`` unless the
+policy's tokenizer needs its own alphabet, see ``prompts.label_alphabet``). The agent answers with a
 label. Subclasses implement :meth:`TextEnv._reset` and :meth:`TextEnv._act`; this
 class does the labelling, rendering, the ``info`` dict and the invalid-label rule.
 
@@ -90,7 +91,8 @@ class TextEnv(gymnasium.Env):
     analyze_instruction: str = ""
     default_horizon: int = 20
 
-    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, render_mode: str | None = None):
+    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, render_mode: str | None = None,
+                 labels=None):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.horizon = horizon or self.default_horizon
@@ -99,7 +101,10 @@ class TextEnv(gymnasium.Env):
         self.shuffle_action = shuffle_action
         self.render_mode = render_mode
         self.observation_space = FreeText()
-        self.action_space = LabelSpace(LABELS if shuffle_action else LABELS[: self.max_actions()])
+        self.label_set: tuple[str, ...] = LABELS if labels is None else tuple(labels)
+        if not self.label_set or len(set(self.label_set)) != len(self.label_set):
+            raise ValueError(f"labels must be distinct and at least one, got {self.label_set!r}")
+        self.action_space = LabelSpace(self.label_set if shuffle_action else self.label_set[: self.max_actions()])
         self._labels: list[str] = []
         self._actions: list[str] = []
         self._obs = ""
@@ -111,7 +116,7 @@ class TextEnv(gymnasium.Env):
 
     def max_actions(self) -> int:
         """Upper bound on the action-list length (sizes the label space without shuffling)."""
-        return len(LABELS)
+        return len(self.label_set)
 
     def _reset(self, options: dict) -> None:
         """Start an episode (randomness only from ``self.np_random``)."""
@@ -186,13 +191,13 @@ class TextEnv(gymnasium.Env):
 
     def _observe(self) -> str:
         self._actions = list(self._action_texts())
-        if len(self._actions) > len(LABELS):
-            raise RuntimeError(f"{len(self._actions)} actions but only {len(LABELS)} labels")
+        if len(self._actions) > len(self.label_set):
+            raise RuntimeError(f"{len(self._actions)} actions but only {len(self.label_set)} labels")
         if self.shuffle_action:
-            picks = self.np_random.choice(len(LABELS), size=len(self._actions), replace=False)
-            self._labels = [LABELS[i] for i in picks]
+            picks = self.np_random.choice(len(self.label_set), size=len(self._actions), replace=False)
+            self._labels = [self.label_set[i] for i in picks]
         else:
-            self._labels = list(LABELS[: len(self._actions)])
+            self._labels = list(self.label_set[: len(self._actions)])
         listing = "".join(f"{label}. {action}\n" for label, action in zip(self._labels, self._actions))
         self._obs = f"{self._state_text()}{self.action_head}\n{listing}"
         return self._obs

@@ -56,7 +56,7 @@ class DangerousTaxiEnv(TextEnv):
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = FULL,
                  with_prompt: bool = False, with_history: bool = False, first_step: bool = False,
-                 render_mode: str | None = None):
+                 render_mode: str | None = None, labels=None):
         if curriculum not in CURRICULA:
             raise ValueError(f"curriculum must be one of {CURRICULA}, got {curriculum!r}")
         self.curriculum = curriculum
@@ -64,7 +64,7 @@ class DangerousTaxiEnv(TextEnv):
         self.with_history = with_history
         self.first_step = first_step
         self._taxi = gymnasium.make("Taxi-v4", is_rainy=False, fickle_passenger=False).unwrapped
-        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode)
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
         self.state = 0
         self._history: list[tuple[str, str]] = []
         self._initial_grid = ""

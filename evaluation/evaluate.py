@@ -122,8 +122,8 @@ class HeldOutPanel:
     policy, not from the draw.
     """
 
-    def __init__(self, args, run_dir: Path | None):
-        self.envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
+    def __init__(self, args, run_dir: Path | None, labels=None):
+        self.envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir, labels=labels))
                      for _ in range(args.per_device_eval_batch_size)]
         self.starts = test_episodes(args, self.envs[0], args.eval_panel)
 
@@ -173,8 +173,9 @@ def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "
 
 def run(args, eval_load_list: list[dict]) -> EvaluationRun:
     configs = load_configs(args, eval_load_list)
+    labels = models.policy_labels(args)  # every configuration shares the base model, so its choice labels
     run_dir = checkpoints.make_run_dir(args, SCRIPT)
-    envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir))
+    envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir, labels=labels))
             for _ in range(args.per_device_eval_batch_size)]
     try:
         starts = test_episodes(args, envs[0], args.eval_reps)

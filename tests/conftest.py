@@ -45,3 +45,38 @@ def snapshot(folder: Path) -> dict:
     """Names, sizes and modification times of everything under ``folder``."""
     return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
             for path in folder.rglob("*")}
+
+
+@pytest.fixture(scope="session")
+def digit_model(tmp_path_factory) -> str:
+    """A local model folder whose tokenizer splits numbers into digits, as SmolLM2, Qwen2.5 and
+    Llama-3 do: the paper's labels 10..199 are two or three tokens, so it needs its own
+    alphabet. A fast BPE trained on tiny-gpt2's corpus plus every two-letter word, and a
+    small random GPT-2 (fast enough for whole pipelines in the fast tests)."""
+    import itertools
+    import string
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    import tiny_gpt2
+
+    eos = "<|endoftext|>"
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    bpe.decoder = decoders.ByteLevel()
+    pairs = "\n".join(a + b for a, b in itertools.product(string.ascii_letters, repeat=2))
+    trainer = trainers.BpeTrainer(vocab_size=6000, special_tokens=[eos], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([*tiny_gpt2._corpus().splitlines(keepends=True), *[pairs + "\n"] * 3], trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos, bos_token=eos, unk_token=eos)
+    folder = tmp_path_factory.mktemp("digit-model")
+    tokenizer.save_pretrained(folder)
+    config = GPT2Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, n_positions=2048, n_embd=32, n_layer=2, n_head=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        GPT2LMHeadModel(config).save_pretrained(folder)
+    return str(folder)

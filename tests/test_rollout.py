@@ -10,7 +10,7 @@ import torch
 import models
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt, reflection_prompt
-from rollout import LABEL_INDEX, Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
+from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_prompt_in_a_padded_batch_scores_as_alone(players):
     for _ in range(3):
         obs, _, _, _, info = env.step(info["oracle_label"])
     long = policy_prompt(obs, env.action_head, "Head south now.")
-    valid = [LABEL_INDEX[label] for label in info["labels"]]
+    valid = [scorer.label_index[label] for label in info["labels"]]
     with torch.no_grad():
         batch = scorer.logprobs([short, long], [valid, valid]).logprobs
         alone_short = scorer.logprobs([short], [valid]).logprobs
@@ -101,7 +101,7 @@ def test_full_head_gives_the_same_label_distribution(players):
     scorer = PolicyScorer(policy, tokenizer, max_seq_length=1024, temperature=1.0)
     env = make_env("taxi")
     obs, info = env.reset(seed=5)
-    valid = [LABEL_INDEX[label] for label in info["labels"]]
+    valid = [scorer.label_index[label] for label in info["labels"]]
     prompt = policy_prompt(obs, env.action_head)
     with torch.no_grad():
         shrunk = scorer.logprobs([prompt], [valid]).logprobs

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tiny_gpt2
-from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_token_ids
+from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_alphabet, label_token_ids
 
 
 def test_build_is_deterministic(tmp_path, tiny_path):
@@ -48,9 +48,12 @@ def test_bad_tokenizer_lists_offending_labels(tiny_tokenizer):
     vocab.update({"Ġ": len(vocab), "Ċ": len(vocab) + 1, "<|endoftext|>": len(vocab) + 2})
     poor = GPT2Tokenizer(vocab=vocab, merges=[], eos_token="<|endoftext|>")
     with pytest.raises(ValueError) as error:
-        label_token_ids(poor)
+        label_token_ids(poor, LABELS)
     message = str(error.value)
     assert "'10'" in message and "'199'" in message and "'a'" not in message
+    with pytest.raises(ValueError, match=r"supplies only 62 choice labels .* 252 are needed") as error:
+        label_alphabet(poor)
+    assert "\n" not in str(error.value)
 
 
 def test_round_trip_through_save_and_load(tmp_path, tiny_path):

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
 from data_gen.common import item_rng, print_counts, write_jsonl
-from data_gen.sft import sft_texts
+from data_gen.sft import sft_labels, sft_texts
 from envs.auto_explore import AutoExploreEnv, load_tasks
 from envs.base import rng_seed
 from experiment_args import parse_args
+from prompts import write_label_file
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,9 @@ def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "train.json"
     records = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
+    labels = sft_labels(args)
     env = AutoExploreEnv(horizon=args.horizon, shuffle_action=args.shuffle_action, leaveout_prob=0.0,
-                         repos_dir=filtered_repos_dir(args))
+                         repos_dir=filtered_repos_dir(args), labels=labels)
     texts: dict[str, list[str]] = {name: [] for name in OUTPUT_FILES}
     counts: Counter = Counter()
     try:
@@ -100,7 +102,7 @@ def main(args) -> int:
                 used, positive = trajectory_texts(env, record, trajectory, replay_seed(args.seed, record, index),
                                                   counts)
                 for obs, label, reflection in used:
-                    plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection)
+                    plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection)  # the env shows the labels already
                     texts["sft.jsonl"].append(plain)
                     texts["sft_reflection.jsonl"].append(reflect)
                     texts["sft_policy.jsonl"].append(policy)
@@ -110,6 +112,7 @@ def main(args) -> int:
     finally:
         env.close()
     lines = {name: write_jsonl(out_dir / name, ({"text": t} for t in column)) for name, column in texts.items()}
+    write_label_file(out_dir, labels, args.model_name)
     print_counts("auto_explore.gen_sft", {"tasks": len(records), **dict(sorted(counts.items())), **lines,
                                           "output": str(out_dir)})
     return 0
