@@ -59,6 +59,7 @@ _ONLY_WITH = {
     "with_prompt": ("--env taxi", lambda a: a.env == "taxi"),
     "with_history": ("--env taxi", lambda a: a.env == "taxi"),
     "easy": ("--env auto_explore", lambda a: a.env == "auto_explore"),
+    "cpu_bf16": ("no CUDA device", lambda a: not _cuda_available()),
 }
 
 
@@ -94,14 +95,18 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
             logger.warning("these settings do not apply to this run and are ignored: %s", ", ".join(idle))
 
     def _fall_back_without_cuda(self) -> None:
-        """Let the paper's GPU defaults (8-bit, bf16) run on a CPU-only machine."""
-        wanted = [name for name in ("load_in_8bit", "load_in_4bit", "bf16", "fp16") if getattr(self, name)]
-        if not wanted or _cuda_available():
+        """Let the paper's GPU defaults (8-bit, bf16) run on a CPU-only machine: float32, or bfloat16
+        with ``--cpu_bf16``."""
+        off = ("load_in_8bit", "load_in_4bit", "fp16") + (() if self.cpu_bf16 else ("bf16",))
+        wanted = [name for name in off if getattr(self, name)]
+        if not (wanted or self.cpu_bf16) or _cuda_available():
             return
         for name in wanted:
             setattr(self, name, False)  # part of parsing: the instance is not handed out before this
-        logger.warning("No CUDA device: %s turned off; the model runs in float32 on the CPU.",
-                       ", ".join(f"--{n}" for n in wanted))
+        self.bf16 = self.cpu_bf16
+        if wanted:
+            logger.warning("No CUDA device: %s turned off; the model runs in %s on the CPU.",
+                           ", ".join(f"--{n}" for n in wanted), "bfloat16 (--cpu_bf16)" if self.bf16 else "float32")
 
     @property
     def use_reflection(self) -> bool:

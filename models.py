@@ -200,6 +200,7 @@ def load_model_and_tokenizer(
         with _quiet_peft():
             model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
     elif trainable and args.use_peft and not whole_model:
+        _check_lora_targets(model, args.lora_target_modules)
         config = LoraConfig(
             r=args.peft_lora_r,
             lora_alpha=args.peft_lora_alpha,
@@ -217,6 +218,17 @@ def load_model_and_tokenizer(
     if shrink_head:
         shrink_lm_head(model, label_token_ids(tokenizer))
     return model, tokenizer
+
+
+def _check_lora_targets(model, target_modules) -> None:
+    """peft picks LoRA targets per architecture; for one it does not know, ask for the flag."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    kind = model.config.model_type
+    if target_modules is None and kind not in DEFAULTS:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"--lora_target_modules: peft has no default LoRA targets for the architecture {kind!r}; "
+                         f"name them, e.g. --lora_target_modules {' '.join(linear[:4])} (its linear layers: {linear})")
 
 
 def _is_whole_model(directory: str) -> bool:

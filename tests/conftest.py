@@ -51,8 +51,9 @@ def snapshot(folder: Path) -> dict:
 def digit_model(tmp_path_factory) -> str:
     """A local model folder whose tokenizer splits numbers into digits, as SmolLM2, Qwen2.5 and
     Llama-3 do: the paper's labels 10..199 are two or three tokens, so it needs its own
-    alphabet. A fast BPE trained on tiny-gpt2's corpus plus every two-letter word, and a
-    small random GPT-2 (fast enough for whole pipelines in the fast tests)."""
+    alphabet. A fast BPE trained on tiny-gpt2's corpus plus every two-letter word, without a
+    pad token, and a small random GPT-2 with an untied head (fast enough for whole pipelines
+    in the fast tests)."""
     import itertools
     import string
 
@@ -75,7 +76,8 @@ def digit_model(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("digit-model")
     tokenizer.save_pretrained(folder)
     config = GPT2Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id,
-                        eos_token_id=tokenizer.eos_token_id, n_positions=2048, n_embd=32, n_layer=2, n_head=2)
+                        eos_token_id=tokenizer.eos_token_id, n_positions=2048, n_embd=32, n_layer=2, n_head=2,
+                        tie_word_embeddings=False)  # an untied head, unlike tiny-gpt2 and SmolLM2
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         GPT2LMHeadModel(config).save_pretrained(folder)

@@ -199,3 +199,25 @@ def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path
     again, _ = models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=False, shrink_head=True)
     with torch.no_grad():
         torch.testing.assert_close(again(**batch).logits, expected)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
+def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
+    import rl_finetune
+    import supervised_pretrain
+
+    assert parse_args([]).bf16 is False and models.compute_dtype(parse_args([])) == torch.float32
+    args = parse_args(["--cpu_bf16"])
+    assert args.bf16 is True and args.load_in_8bit is False and models.compute_dtype(args) == torch.bfloat16
+    model, _ = models.load_model_and_tokenizer(make_args(cpu_bf16=True))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" not in n} == {torch.bfloat16}
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}  # peft's choice
+    # SFT and RL run in bfloat16 end to end
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"text": policy_prompt("state\nThe actions you can take now is:\n0. go\n",
+                                                                "The actions you can take now is:") + "0"}) + "\n"
+                            for _ in range(4)))
+    assert supervised_pretrain.main(make_args(cpu_bf16=True, task_file=str(data), max_steps=2, save_steps=2,
+                                              per_device_train_batch_size=2)) == 0
+    assert rl_finetune.main(make_args(cpu_bf16=True, env="taxi", max_steps=1, save_steps=1, horizon=2,
+                                      per_device_eval_batch_size=2, eval_steps=0)) == 0
