@@ -1,8 +1,21 @@
 """Metrics of a run: ``<run_dir>/metrics.jsonl`` (one JSON record per step) and TensorBoard."""
 
 import json
+import resource
+import sys
 from pathlib import Path
 from typing import Any
+
+
+def peak_memory() -> str:
+    """This process's peak memory so far, for a script's last line: the CUDA allocator's peak on
+    a GPU, else the peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return f"peak memory {rss / (2**30 if sys.platform == 'darwin' else 2**20):.2f} GiB"
 
 
 class MetricLogger:

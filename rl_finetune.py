@@ -223,7 +223,8 @@ class Recorder:
     def close(self, progress: Progress) -> None:
         if self.is_main:
             self.metric_log.close()
-            print(f"[rl_finetune] done: {self.run_dir} ({progress.nan_skips} skipped updates)", flush=True)
+            print(f"[rl_finetune] done: {self.run_dir} ({progress.nan_skips} skipped updates; {metrics.peak_memory()})",
+                  flush=True)
 
     def _carry_metrics(self, previous_run: Path, upto: int) -> None:
         """Copy the resumed run's metrics up to the checkpoint, so the new run holds the whole curve."""

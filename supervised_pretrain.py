@@ -108,6 +108,10 @@ class RunFiles(TrainerCallback):
     def __init__(self, args, run_dir: Path, labels: tuple[str, ...]):
         self.args, self.run_dir, self.labels = args, run_dir, labels
         self.metrics = metrics.MetricLogger(run_dir)
+        self.steps_done = 0  # optimiser steps taken by this process (a resumed run starts later)
+
+    def on_step_end(self, training_args, state, control, **kwargs):
+        self.steps_done += 1
 
     def on_log(self, training_args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
@@ -174,11 +178,14 @@ def main(args) -> int:
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
     )
+    files = RunFiles(args, run_dir, label_alphabet(tokenizer))
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
                       data_collator=PadCollator(tokenizer.pad_token_id), processing_class=tokenizer,
-                      callbacks=[RunFiles(args, run_dir, label_alphabet(tokenizer))])
+                      callbacks=[files])
     result = trainer.train(resume_from_checkpoint=args.resume_from)
     final = run_dir / f"checkpoint-{trainer.state.global_step}"
+    seconds = result.metrics.get("train_runtime", float("nan")) / max(files.steps_done, 1)
+    print(f"[supervised_pretrain] {seconds:.2f} s per step, {metrics.peak_memory()}", flush=True)
     print(f"[supervised_pretrain] trained {trainer.state.global_step} steps on {len(dataset)} texts, "
           f"final loss {result.training_loss:.4f}; adapter: {final}", flush=True)
     return 0

@@ -165,3 +165,13 @@ def test_pipeline_with_a_digit_splitting_model(digit_model, make_args, tmp_path)
     with pytest.raises(ValueError) as error:
         rl_finetune.main(make_args(**{**rl, "model_name": "tiny-gpt2"}))
     assert "\n" not in str(error.value) and "checkpoint" in str(error.value) and digit_model in str(error.value)
+
+
+@pytest.mark.slow
+def test_enumeration_benchmark_on_a_model_with_its_own_alphabet(digit_model, capsys):
+    from benchmarks import enumeration
+    from experiment_args import parse_args
+
+    assert enumeration.main(parse_args([f"--model_name={digit_model}", "--runs=1"])) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [int(row.split("|")[1]) for row in rows] == list(enumeration.SIZES)

