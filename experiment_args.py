@@ -39,6 +39,7 @@ from arg_groups import (
     need,
 )
 from checkpoints import SETTINGS_FILE
+from errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -249,3 +250,14 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def run_script(main, prog: str, env: str | None = None) -> int:
+    """An entry point: parse the command line, run ``main(args)``; a :class:`errors.UsageError`
+    (a model without enough labels, data of another alphabet ...) ends it with one line, status 2."""
+    args = parse_args(prog=prog, env=env)
+    try:
+        return main(args)
+    except UsageError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        return 2

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from errors import UsageError
 from prompts import check_label_file, label_alphabet, label_token_ids
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
 
     source = Path(gguf_file).expanduser()
     if not source.is_file():
-        raise ValueError(f"--model_name: no such GGUF file {str(gguf_file)!r}")
+        raise UsageError(f"--model_name: no such GGUF file {str(gguf_file)!r}")
     digest = hashlib.sha256()
     with open(source, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 24), b""):
@@ -81,7 +82,7 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise ValueError(f"--model_name {str(gguf_file)!r}: reading a .gguf file needs the 'gguf' package "
+        raise UsageError(f"--model_name {str(gguf_file)!r}: reading a .gguf file needs the 'gguf' package "
                          "(pip install gguf)") from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,7 +115,7 @@ def load_tokenizer(model_name: str):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"--model_name {model_name!r}: its tokenizer has neither a pad nor an EOS token")
+            raise UsageError(f"--model_name {model_name!r}: its tokenizer has neither a pad nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
     positions = _max_positions(AutoConfig.from_pretrained(path))
     if positions:
@@ -181,7 +182,7 @@ def load_model_and_tokenizer(
         model.to(device())
     positions = _max_positions(model.config)
     if positions and args.max_seq_length > positions:
-        raise ValueError(f"--max_seq_length={args.max_seq_length} exceeds the {positions} positions of "
+        raise UsageError(f"--max_seq_length={args.max_seq_length} exceeds the {positions} positions of "
                          f"model {model_name!r}")
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.loss_type = "ForCausalLM"  # say it, or transformers warns that it guessed
@@ -227,7 +228,7 @@ def _check_lora_targets(model, target_modules) -> None:
     kind = model.config.model_type
     if target_modules is None and kind not in DEFAULTS:
         linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"--lora_target_modules: peft has no default LoRA targets for the architecture {kind!r}; "
+        raise UsageError(f"--lora_target_modules: peft has no default LoRA targets for the architecture {kind!r}; "
                          f"name them, e.g. --lora_target_modules {' '.join(linear[:4])} (its linear layers: {linear})")
 
 

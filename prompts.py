@@ -28,6 +28,8 @@ import string
 import weakref
 from pathlib import Path
 
+from errors import UsageError
+
 ANALYZE_MARKER = " # Analyze:\n"
 ACTION_MARKER = " # Action:\n"
 
@@ -131,7 +133,7 @@ def _check_markers(tokenizer) -> None:
         prefix = tokenizer.encode("state" + marker, add_special_tokens=False)
         whole = tokenizer.encode("state" + marker + "Reflection.", add_special_tokens=False)
         if whole[: len(prefix)] != prefix:
-            raise ValueError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker {marker!r} with the "
+            raise UsageError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker {marker!r} with the "
                              "text after it")
 
 
@@ -158,7 +160,7 @@ def label_alphabet(tokenizer) -> tuple[str, ...]:
                 chosen.append(label)
                 seen.add(token)
     if len(chosen) < len(LABELS):
-        raise ValueError(f"tokenizer {tokenizer_name(tokenizer)!r} supplies only {len(chosen)} choice labels that "
+        raise UsageError(f"tokenizer {tokenizer_name(tokenizer)!r} supplies only {len(chosen)} choice labels that "
                          f"are one token after {ACTION_MARKER!r}; {len(LABELS)} are needed (the paper's labels "
                          "0..199, a..z, A..Z and two-letter ones were tried)")
     alphabet = tuple(chosen)
@@ -175,7 +177,7 @@ def label_token_ids(tokenizer, labels=None) -> list[int]:
     ids = _single_token_ids(tokenizer, labels)
     bad = [label for label, token in zip(labels, ids) if token is None]
     if bad:
-        raise ValueError(f"{len(bad)} choice labels are not one token after {ACTION_MARKER!r} "
+        raise UsageError(f"{len(bad)} choice labels are not one token after {ACTION_MARKER!r} "
                          f"with tokenizer {tokenizer_name(tokenizer)!r}: {bad}")
     _check_markers(tokenizer)
     return ids
@@ -225,7 +227,7 @@ def read_label_file(directory) -> dict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         return {"model": str(data["model"]), "labels": tuple(data["labels"])}
     except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} is not a label file ({error})") from None
+        raise UsageError(f"{path} is not a label file ({error})") from None
 
 
 def check_label_file(directory, labels, model: str, what: str) -> None:
@@ -237,7 +239,7 @@ def check_label_file(directory, labels, model: str, what: str) -> None:
         return
     source = f"model {saved['model']!r}" if saved else "the paper's labels (it has no labels.json)"
     differ = next(i for i, (a, b) in enumerate(itertools.zip_longest(theirs, labels)) if a != b)
-    raise ValueError(f"{what} {str(directory)!r} uses the choice labels of {source}, but model {model!r} uses "
+    raise UsageError(f"{what} {str(directory)!r} uses the choice labels of {source}, but model {model!r} uses "
                      f"other ones (label {differ}: {_at(theirs, differ)!r} there, {_at(labels, differ)!r} here); "
                      f"make it again for {model!r}")
 

@@ -32,7 +32,7 @@ import seeding
 from envs import env_kwargs, make_env
 from envs.curriculum import Curriculum, curriculum_from_args
 from evaluation.evaluate import HeldOutPanel
-from experiment_args import check_resume, parse_args
+from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, UpdateResult
 from rollout import Episode, EpisodeStart, RolloutStats, TwoPlayerRollout
 
@@ -251,4 +251,4 @@ def check_in_sync(params) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="rl_finetune.py")))
+    sys.exit(run_script(main, "rl_finetune.py"))

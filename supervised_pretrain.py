@@ -22,7 +22,8 @@ import checkpoints
 import metrics
 import models
 import seeding
-from experiment_args import parse_args
+from errors import UsageError
+from experiment_args import run_script
 from prompts import (
     ACTION_MARKER,
     ANALYZE_MARKER,
@@ -40,10 +41,10 @@ IGNORE = -100
 
 def read_texts(task_file: str | None) -> list[str]:
     if not task_file:
-        raise ValueError("--task_file: give the SFT .jsonl file (lines of {\"text\": ...})")
+        raise UsageError("--task_file: give the SFT .jsonl file (lines of {\"text\": ...})")
     path = Path(task_file)
     if not path.is_file():
-        raise ValueError(f"--task_file: no such file {task_file!r}")
+        raise UsageError(f"--task_file: no such file {task_file!r}")
     texts = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -51,12 +52,12 @@ def read_texts(task_file: str | None) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"--task_file: {path}:{number} is not JSON ({error})") from None
+            raise UsageError(f"--task_file: {path}:{number} is not JSON ({error})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"--task_file: {path}:{number} has no string field 'text'")
+            raise UsageError(f"--task_file: {path}:{number} has no string field 'text'")
         texts.append(record["text"])
     if not texts:
-        raise ValueError(f"--task_file: {path} holds no texts")
+        raise UsageError(f"--task_file: {path} holds no texts")
     return texts
 
 
@@ -66,13 +67,13 @@ def encode_example(tokenizer, text: str, max_seq_length: int, reflect: bool | No
     marker = ANALYZE_MARKER if text[:start].endswith(ANALYZE_MARKER) else ACTION_MARKER
     if reflect is not None and (marker == ANALYZE_MARKER) != reflect:
         wanted = "a reflection after" if reflect else "a label after"
-        raise ValueError(f"--reflect={reflect}: expected {wanted} the last marker, got text ending {text[-120:]!r}")
+        raise UsageError(f"--reflect={reflect}: expected {wanted} the last marker, got text ending {text[-120:]!r}")
     # Markers end at a token boundary (checked by the loader): the text's tokens are the prompt's, then the
     # completion's. (Tokenising the completion alone could differ: SentencePiece adds a leading space.)
     prompt = tokenizer(text[:start], add_special_tokens=False)["input_ids"]
     whole = tokenizer(text, add_special_tokens=False)["input_ids"]
     if whole[: len(prompt)] != prompt:
-        raise ValueError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker with the completion in "
+        raise UsageError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker with the completion in "
                          f"{text[start - 40:start + 40]!r}")
     completion = whole[len(prompt):]
     if marker == ANALYZE_MARKER:
@@ -147,7 +148,7 @@ def build_dataset(args, tokenizer):
         logger.warning("%d of %d texts dropped: their completion alone exceeds --max_seq_length=%d",
                        len(examples) - len(kept), len(examples), args.max_seq_length)
     if not kept:
-        raise ValueError(f"--task_file: no text of {args.task_file} fits --max_seq_length={args.max_seq_length}")
+        raise UsageError(f"--task_file: no text of {args.task_file} fits --max_seq_length={args.max_seq_length}")
     return Dataset.from_list(kept)
 
 
@@ -192,4 +193,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="supervised_pretrain.py")))
+    sys.exit(run_script(main, "supervised_pretrain.py"))

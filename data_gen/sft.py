@@ -20,6 +20,7 @@ Three files, each line ``{"text": ...}``:
 from pathlib import Path
 
 from data_gen.common import print_counts, read_json, write_jsonl
+from errors import UsageError
 from prompts import LABELS, policy_sft_text, reflection_sft_text, relabel, relabel_label, write_label_file
 
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
@@ -48,7 +49,7 @@ def sft_labels(args) -> tuple[str, ...]:
         return models.policy_labels(args)
     except OSError as error:  # no such folder, no hub access, ...
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"--model_name {args.model_name!r}: cannot load its tokenizer to choose the choice labels "
+        raise UsageError(f"--model_name {args.model_name!r}: cannot load its tokenizer to choose the choice labels "
                          f"of the SFT texts ({first}); give the model you will fine-tune (a local folder, a .gguf "
                          "file or tiny-gpt2)") from None
 

@@ -35,7 +35,7 @@ import models
 from envs import env_kwargs, make_env
 from envs.auto_explore import load_tasks, task_depth
 from envs.taxi import CURRICULA as TAXI_LEVELS
-from experiment_args import parse_args
+from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 
 SCRIPT = "evaluate"
@@ -201,4 +201,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m evaluation.evaluate")))
+    sys.exit(run_script(main, "python -m evaluation.evaluate"))

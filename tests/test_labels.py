@@ -175,3 +175,41 @@ def test_enumeration_benchmark_on_a_model_with_its_own_alphabet(digit_model, cap
     assert enumeration.main(parse_args([f"--model_name={digit_model}", "--runs=1"])) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [int(row.split("|")[1]) for row in rows] == list(enumeration.SIZES)
+
+
+def _poor_model(folder) -> str:
+    """A character-level tokenizer: 62 single-token labels at most, 252 needed."""
+    from transformers import GPT2Config, GPT2Tokenizer
+
+    vocab = {chr(c): i for i, c in enumerate(range(33, 127))}
+    vocab.update({"Ġ": len(vocab), "Ċ": len(vocab) + 1, "<|endoftext|>": len(vocab) + 2})
+    GPT2Tokenizer(vocab=vocab, merges=[], eos_token="<|endoftext|>").save_pretrained(folder)
+    GPT2Config(vocab_size=len(vocab)).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("case", ["too few labels", "data of another alphabet", "checkpoint of another alphabet"])
+def test_entry_points_stop_with_one_line(case, digit_model, tmp_path, monkeypatch, capsys):
+    import supervised_pretrain
+    from experiment_args import run_script
+
+    data = tmp_path / "sft_policy.jsonl"  # no labels.json beside it: the paper's labels
+    text = "state\nThe actions you can take now is:\n0. go\n1. stay\n" + ACTION_MARKER + "1"
+    data.write_text(json.dumps({"text": text}) + "\n")
+    flags = [f"--task_file={data}", "--max_steps=1", f"--ckpt_path={tmp_path / 'results'}"]
+    if case == "too few labels":
+        flags.append(f"--model_name={_poor_model(tmp_path / 'poor')}")
+    elif case == "data of another alphabet":
+        flags.append(f"--model_name={digit_model}")
+    else:
+        write_label_file(tmp_path, label_alphabet(models.load_tokenizer(digit_model)), digit_model)
+        flags += ["--model_name=tiny-gpt2", f"--load_dir={tmp_path}"]
+    monkeypatch.setattr("sys.argv", ["supervised_pretrain.py", *flags])
+    assert run_script(supervised_pretrain.main, "supervised_pretrain.py") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    line = err[-1]
+    assert line.startswith("supervised_pretrain.py: error: ")
+    expected = {"too few labels": "supplies only 62 choice labels", "data of another alphabet": "the paper's labels",
+                "checkpoint of another alphabet": "uses the choice labels of model"}[case]
+    assert expected in line

@@ -23,7 +23,7 @@ from data_gen.common import item_rng, print_counts, write_jsonl
 from data_gen.sft import sft_labels, sft_texts
 from envs.auto_explore import AutoExploreEnv, load_tasks
 from envs.base import rng_seed
-from experiment_args import parse_args
+from experiment_args import run_script
 from prompts import write_label_file
 
 logger = logging.getLogger(__name__)
@@ -119,4 +119,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.gen_sft")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.gen_sft"))

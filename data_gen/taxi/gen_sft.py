@@ -9,7 +9,7 @@ import sys
 from data_gen.sft import gen_sft_main
 from data_gen.taxi.reflection import OUT_DIR
 from envs.taxi import DangerousTaxiEnv
-from experiment_args import parse_args
+from experiment_args import run_script
 
 
 def main(args) -> int:
@@ -17,4 +17,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.taxi.gen_sft")))
+    sys.exit(run_script(main, "python -m data_gen.taxi.gen_sft"))
