@@ -26,11 +26,9 @@ from prompts import LABELS, policy_sft_text, reflection_sft_text, relabel, relab
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 
 
-def sft_texts(obs: str, env_cls, label: str, reflection: str, labels=LABELS) -> tuple[str, str, str]:
-    """The three SFT texts of one state (``obs`` and ``label`` in the paper's labels), in the order
-    of :data:`SFT_FILES`, with the choice labels ``labels``."""
+def sft_texts(obs: str, env_cls, label: str, reflection: str) -> tuple[str, str, str]:
+    """The three SFT texts of one state, in the order of :data:`SFT_FILES`."""
     head = env_cls.action_head
-    obs, label = relabel(obs, head, labels), relabel_label(label, labels)
     return (
         policy_sft_text(obs, head, label),
         reflection_sft_text(obs, head, reflection, instruction=env_cls.analyze_instruction),
@@ -57,10 +55,11 @@ def sft_labels(args) -> tuple[str, ...]:
 def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "",
                     labels=LABELS, model: str = "") -> dict[str, int]:
     """Write the three files (``sft<suffix>.jsonl`` ...) from records with state/reflection and the
-    label ``--sft_label`` names, in the choice labels ``labels`` (of ``model``), and ``labels.json``."""
-    key = LABEL_KEYS[label]
-    columns = list(zip(*(sft_texts(r["state"], env_cls, r[key], r["reflection"], labels) for r in records))) or [
-        (), (), ()]
+    label ``--sft_label`` names, carried from the paper's labels into ``labels`` (of ``model``), and
+    ``labels.json``."""
+    key, head = LABEL_KEYS[label], env_cls.action_head
+    columns = list(zip(*(sft_texts(relabel(r["state"], head, labels), env_cls, relabel_label(r[key], labels),
+                                   r["reflection"]) for r in records))) or [(), (), ()]
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_label_file(out_dir, labels, model)
     counts = {}

@@ -340,3 +340,21 @@ def test_gen_sft_needs_trajectories(chain):
 # --- collect_repos ---------------------------------------------------------------------------------
 
 
+
+
+def test_gen_sft_for_a_model_with_its_own_alphabet(chain, digit_model):
+    """The texts show the model's labels (shuffled from its alphabet); labels.json says which."""
+    import models
+    from prompts import LABEL_FILE, LABELS, label_alphabet, relabel
+
+    out = chain.base / "digits"
+    assert gen_sft.main(make(task_file=chain.filtered / "train.json", repo_dir=chain.repos, shuffle_action=True,
+                             model_name=digit_model, output_dir=out)) == 0
+    alphabet = label_alphabet(models.load_tokenizer(digit_model))
+    assert json.loads((out / LABEL_FILE).read_text())["labels"] == list(alphabet)
+    ours, papers = read_jsonl(out / "sft.jsonl"), read_jsonl(chain.filtered / "sft.jsonl")
+    assert len(ours) == len(papers) and ours != papers
+    for mine, paper in zip(ours, papers):  # the same states, the same picks; only the labels differ
+        prompt, label = paper.rsplit(ACTION_MARKER, 1)
+        expected = relabel(prompt, AutoExploreEnv.action_head, alphabet) + ACTION_MARKER
+        assert mine == expected + alphabet[LABELS.index(label)]

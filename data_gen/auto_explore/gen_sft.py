@@ -102,7 +102,7 @@ def main(args) -> int:
                 used, positive = trajectory_texts(env, record, trajectory, replay_seed(args.seed, record, index),
                                                   counts)
                 for obs, label, reflection in used:
-                    plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection)  # the env shows the labels already
+                    plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection)
                     texts["sft.jsonl"].append(plain)
                     texts["sft_reflection.jsonl"].append(reflect)
                     texts["sft_policy.jsonl"].append(policy)
