@@ -105,6 +105,9 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
         for name in wanted:
             setattr(self, name, False)  # part of parsing: the instance is not handed out before this
         self.bf16 = self.cpu_bf16
+        if self.cpu_bf16 and _cpu_native_bf16() is False:
+            logger.warning("--cpu_bf16: this CPU reports no native bfloat16 (avx512_bf16, amx_bf16); bfloat16 is "
+                           "emulated and likely slower than float32 here")
         if wanted:
             logger.warning("No CUDA device: %s turned off; the model runs in %s on the CPU.",
                            ", ".join(f"--{n}" for n in wanted), "bfloat16 (--cpu_bf16)" if self.bf16 else "float32")
@@ -131,6 +134,15 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _cpu_native_bf16() -> bool | None:
+    """Whether the CPU computes bfloat16 natively (Linux: its /proc/cpuinfo flags); None if unknown."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return None
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def require_env(args: ScriptArguments, env: str, script: str) -> None:

@@ -221,3 +221,16 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
                                               per_device_train_batch_size=2)) == 0
     assert rl_finetune.main(make_args(cpu_bf16=True, env="taxi", max_steps=1, save_steps=1, horizon=2,
                                       per_device_eval_batch_size=2, eval_steps=0)) == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
+def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(monkeypatch, caplog):
+    import experiment_args
+
+    monkeypatch.setattr(experiment_args, "_cpu_native_bf16", lambda: False)
+    assert parse_args(["--cpu_bf16"]).bf16 is True
+    assert "emulated and likely slower" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(experiment_args, "_cpu_native_bf16", lambda: True)
+    parse_args(["--cpu_bf16"])
+    assert "emulated" not in caplog.text
