@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from errors import UsageError
-from prompts import check_label_file, label_alphabet, label_token_ids
+from prompts import LABELS, check_label_file, label_alphabet, label_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +124,16 @@ def load_tokenizer(model_name: str):
     return tokenizer
 
 
+# The GPT-2 checkpoints on the hub share one byte-level BPE that keeps each of the paper's labels
+# one token after the action marker (checked against its merge ranks), so their labels are known
+# without fetching the tokenizer: the paper's data steps run offline with the default --model_name.
+GPT2_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+
+
 def policy_labels(args) -> tuple[str, ...]:
     """The choice labels of ``args.model_name`` (what its environments must show)."""
+    if args.model_name.removeprefix("openai-community/").removeprefix("distilbert/") in GPT2_HUB_MODELS:
+        return LABELS
     return label_alphabet(load_tokenizer(args.model_name))
 
 

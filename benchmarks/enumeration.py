@@ -53,9 +53,9 @@ def timed(work, runs: int) -> float:
     return 1000 * statistics.median(samples)
 
 
+@torch.no_grad()  # a scoped switch: the caller's grad mode comes back on return
 def main(args) -> int:
     runs = max(args.runs, 7)
-    torch.set_grad_enabled(False)
     model, tokenizer = models.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
     enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)
     rows = []

@@ -40,8 +40,8 @@ def play(rollout: TwoPlayerRollout, starts: list[EpisodeStart], batch: int) -> t
     return seconds, after[0] - before[0], after[1] - before[1]
 
 
+@torch.no_grad()  # a scoped switch: the caller's grad mode comes back on return
 def main(args) -> int:
-    torch.set_grad_enabled(False)
     policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir, trainable=False,
                                                        shrink_head=True)
     reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.reflect_load_dir,

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import models
 from envs import make_env
@@ -173,6 +174,7 @@ def test_enumeration_benchmark_on_a_model_with_its_own_alphabet(digit_model, cap
     from experiment_args import parse_args
 
     assert enumeration.main(parse_args([f"--model_name={digit_model}", "--runs=1"])) == 0
+    assert torch.is_grad_enabled()  # the benchmark leaves the caller's grad mode as it was
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [int(row.split("|")[1]) for row in rows] == list(enumeration.SIZES)
 
@@ -213,3 +215,12 @@ def test_entry_points_stop_with_one_line(case, digit_model, tmp_path, monkeypatc
     expected = {"too few labels": "supplies only 62 choice labels", "data of another alphabet": "the paper's labels",
                 "checkpoint of another alphabet": "uses the choice labels of model"}[case]
     assert expected in line
+
+
+@pytest.mark.parametrize("name", ["gpt2-xl", "openai-community/gpt2", "distilgpt2"])
+def test_gpt2_hub_models_use_the_papers_labels_without_a_download(name, make_args, monkeypatch):
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the tokenizer should not be loaded")
+
+    monkeypatch.setattr(models, "load_tokenizer", no_hub)
+    assert models.policy_labels(make_args(model_name=name)) == LABELS
