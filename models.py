@@ -6,6 +6,7 @@ tokens (``--shrink_head``); :func:`full_head` switches back for generation and s
 """
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -62,20 +63,15 @@ def resolve_model_path(model_name: str) -> str:
 def gguf_folder(gguf_file: str | os.PathLike) -> Path:
     """The float model folder of a ``.gguf`` file, made on first use by transformers' GGUF loader
     (needs the ``gguf`` package) and kept in the cache under the file's content hash."""
-    import hashlib
-
     import transformers
 
     from tiny_gpt2 import cache_root
 
-    source = Path(gguf_file).expanduser()
+    source = Path(gguf_file).expanduser().resolve()
     if not source.is_file():
         raise UsageError(f"--model_name: no such GGUF file {str(gguf_file)!r}")
-    digest = hashlib.sha256()
-    with open(source, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    key = f"{digest.hexdigest()[:16]}-transformers{transformers.__version__}"
+    stat = source.stat()
+    key = f"{_file_digest(source, stat.st_size, stat.st_mtime_ns)}-transformers{transformers.__version__}"
     target = cache_root() / f"gguf-{source.stem}-{key}"
     if (target / "config.json").is_file():
         return target
@@ -103,6 +99,18 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
+    """The first 16 hex digits of the file's SHA-256 (once per process while the file is unchanged)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def load_tokenizer(model_name: str):
