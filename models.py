@@ -103,14 +103,10 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
-    """The first 16 hex digits of the file's SHA-256 (once per process while the file is unchanged)."""
-    import hashlib
+    """:func:`paths.file_digest`, once per process while the file is unchanged."""
+    from paths import file_digest
 
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    return file_digest(path)
 
 
 def load_tokenizer(model_name: str):

