@@ -288,7 +288,7 @@ class TwoPlayerRollout:
             if env.label_set != self.labels:
                 raise ValueError(f"an environment shows the labels {env.label_set[:12]}..., the policy reads "
                                  f"{self.labels[:12]}...: build it with make_env(..., labels=rollout.labels)")
-        slots = [Slot.begin(env, start, self.scorer.label_index) for env, start in zip(envs, starts)]
+        slots = [Slot.begin(env, start) for env, start in zip(envs, starts)]
         running = slots
         while running:
             step_seed = int(rng.integers(2**31 - 1))
@@ -334,15 +334,13 @@ class Slot:
     episode: Episode
     obs: str
     info: dict
-    label_index: dict[str, int]  # the policy's alphabet: label -> index
     reflection: str | None = None  # the reflection shown at the current step
     done: bool = False
 
     @classmethod
-    def begin(cls, env: TextEnv, start: EpisodeStart, label_index: dict[str, int]) -> "Slot":
+    def begin(cls, env: TextEnv, start: EpisodeStart) -> "Slot":
         obs, info = env.reset(seed=start.seed, options=start.options)
-        return cls(env, start, Episode(seed=start.seed, options=start.options, level=start.level), obs, info,
-                   label_index)
+        return cls(env, start, Episode(seed=start.seed, options=start.options, level=start.level), obs, info)
 
     @property
     def step(self) -> int:
@@ -368,7 +366,7 @@ class Slot:
         self.episode.decisions.append(Decision(
             obs=self.obs, prompt=prompt, valid=valid, action=choice.action, logprob=choice.logprob,
             entropy=choice.entropy,
-            reflection=self.reflection, oracle=None if oracle is None else self.label_index[oracle]))
+            reflection=self.reflection, oracle=None if oracle is None else self.env.label_set.index(oracle)))
 
     def replay_decision(self) -> None:
         self.episode.decisions.append(dataclasses.replace(self.start.replay[self.step]))
