@@ -287,14 +287,18 @@ class LLMArguments(_Group):
     api: Literal["openai", "azure", "local", "oracle"] = _arg(
         "openai", "LLM backend for data generation and GPT evaluation.")
     model: str = _arg("gpt-4", "Model (or Azure deployment) name of the LLM backend.")
-    base_url: str = _arg(
-        "http://localhost:1234/v1", "Address of the OpenAI-compatible server of --api=local.")
+    base_url: str | None = _arg(
+        None, "Address of the OpenAI-compatible server: --api=local (default http://localhost:1234/v1), "
+        "--api=openai (a proxy; default OpenAI's), --api=azure (default $AZURE_BASE_URL).")
     llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).")
     llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.")
     llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.")
+    max_concurrency: int = _arg(8, "LLM requests in flight at once (independent episodes, tasks or files run "
+                                   "side by side; the records written do not depend on it).")
 
     def __post_init__(self) -> None:
         _at_least(self, 0, "llm_max_retries")
+        _at_least(self, 1, "max_concurrency")
         _positive(self, "llm_timeout")
         need(not self.base_url or self.base_url.startswith(("http://", "https://")), "base_url",
               f"must start with http:// or https://, got {self.base_url!r}")

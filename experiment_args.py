@@ -109,8 +109,15 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
             logger.warning("--cpu_bf16: this CPU reports no native bfloat16 (avx512_bf16, amx_bf16); bfloat16 is "
                            "emulated and likely slower than float32 here")
         if wanted:
-            logger.warning("No CUDA device: %s turned off; the model runs in %s on the CPU.",
-                           ", ".join(f"--{n}" for n in wanted), "bfloat16 (--cpu_bf16)" if self.bf16 else "float32")
+            # Said when a model is loaded (report_cpu_fallback): steps that only call an API stay quiet.
+            self._cpu_fallback = (f"No CUDA device: {', '.join(f'--{n}' for n in wanted)} turned off; the model runs "
+                                  f"in {'bfloat16 (--cpu_bf16)' if self.bf16 else 'float32'} on the CPU.")
+
+    def report_cpu_fallback(self) -> None:
+        """Warn, once, that the paper's GPU settings were turned off on this CPU-only machine."""
+        note = self.__dict__.pop("_cpu_fallback", None)
+        if note:
+            logger.warning(note)
 
     @property
     def use_reflection(self) -> bool:

@@ -1,14 +1,21 @@
 """The one client through which data generation and GPT evaluation reach an LLM.
 
-``--api openai`` (key in ``OPENAI_API_KEY``), ``--api azure`` (``AZURE_OPENAI_KEY`` and
-``AZURE_BASE_URL``), ``--api local`` (any OpenAI-compatible server at ``--base_url``).
+``--api openai`` (key in ``OPENAI_API_KEY``; ``--base_url`` for an OpenAI-compatible proxy),
+``--api azure`` (``AZURE_OPENAI_KEY`` and ``AZURE_BASE_URL``), ``--api local`` (any
+OpenAI-compatible server at ``--base_url``, key in ``LOCAL_API_KEY`` if it wants one).
 ``--api oracle`` has no client at all: the pipelines then write their texts from what
 the environment knows (see each pipeline's oracle functions), offline and deterministic.
 
-Transient failures (rate limits, timeouts, connection errors, 5xx) are retried with
-exponential backoff by the official ``openai`` client; authentication and bad-request
-errors stop at once with :class:`LLMError`. Answers can be cached on disk
-(``--llm_cache DIR``), and :attr:`ChatClient.usage` counts requests and tokens.
+Requests may come from many threads: at most ``--max_concurrency`` are in flight at once.
+Transient failures (rate limits, honouring ``Retry-After``; timeouts; 5xx) are retried
+with exponential backoff by the official ``openai`` client. Hard failures (a bad key, an
+unknown model, a refused request, nothing listening at the address) raise
+:class:`LLMError` at once, naming the endpoint, the model and the server's reason; after
+one, every other request of the client stops too. An empty answer, or one a caller's
+``accept`` check rejects, is never cached: the caller may ask again. Answers can be cached
+on disk (``--llm_cache DIR``); answers at temperature 0 are also remembered in memory, so a
+prompt asked twice is sent once. :attr:`ChatClient.usage` counts requests, answers, retries
+and tokens.
 """
 
 import functools
@@ -17,12 +24,16 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
+from openai.types.chat import ChatCompletion
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +41,19 @@ KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_KEY", "local": "LO
 AZURE_URL_ENV = "AZURE_BASE_URL"
 AZURE_VERSION_ENV = "AZURE_API_VERSION"
 AZURE_DEFAULT_VERSION = "2024-06-01"
+LOCAL_DEFAULT_URL = "http://localhost:1234/v1"
 RETRIED_STATUS = {408, 409, 429}
+KEY_HINT = {
+    "openai": f"check ${KEY_ENV['openai']}",
+    "azure": f"check ${KEY_ENV['azure']} and ${AZURE_URL_ENV}",
+    "local": f"if the server wants a key, set ${KEY_ENV['local']}",
+}
+# httpx logs every request at INFO, which would break the progress bars.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class LLMError(RuntimeError):
-    """An LLM request that must not be retried (bad key, bad request) or that kept failing."""
+    """An LLM request that must not be retried (bad key, unknown model, refused request) or that kept failing."""
 
 
 def stops_on_llm_error(step: str, unit: str):
@@ -58,26 +77,48 @@ def stops_on_llm_error(step: str, unit: str):
 
 @dataclass
 class Usage:
-    requests: int = 0
-    cached: int = 0
-    retries: int = 0
+    """What a client has done so far; updated under the client's lock, read by progress bars."""
+
+    requests: int = 0  # sent (the first try of each)
+    in_flight: int = 0
+    answered: int = 0  # usable answers received
+    cached: int = 0  # answers from the disk cache or the memory of temperature-0 answers
+    retries: int = 0  # retried responses (429, 408, 409, 5xx)
+    empty: int = 0  # answers with no text
+    rejected: int = 0  # answers the caller's check refused (e.g. a reflection naming its spoiler)
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
     def summary(self) -> str:
-        return (f"LLM usage: {self.requests} requests ({self.cached} from cache, {self.retries} retried), "
-                f"{self.prompt_tokens} prompt + {self.completion_tokens} completion tokens")
+        unusable = f", {self.empty} empty, {self.rejected} rejected by checks" if self.empty or self.rejected else ""
+        return (f"LLM usage: {self.requests} requests ({self.cached} answers from cache, {self.retries} retried"
+                f"{unusable}), {self.prompt_tokens} prompt + {self.completion_tokens} completion tokens")
+
+    def progress(self) -> dict[str, Any]:
+        """The progress bar's postfix: requests in flight, done, retried, and tokens."""
+        return {"in flight": self.in_flight, "done": self.answered + self.empty + self.rejected,
+                "retried": self.retries, "tokens": self.prompt_tokens + self.completion_tokens}
 
 
 class ChatClient:
     def __init__(self, api: str, model: str, base_url: str | None = None, cache_dir: str | None = None,
-                 max_retries: int = 5, timeout: float = 60.0):
+                 max_retries: int = 5, timeout: float = 60.0, max_concurrency: int = 8):
         if api not in KEY_ENV:
             raise ValueError(f"--api must be one of {sorted(KEY_ENV)} for a chat client, got {api!r}")
-        self.api, self.model = api, model
+        if max_concurrency < 1:
+            raise ValueError(f"--max_concurrency must be at least 1, got {max_concurrency}")
+        self.api, self.model, self.max_concurrency, self.max_retries = api, model, max_concurrency, max_retries
         self.usage = Usage()
         self.cache_dir = Path(cache_dir) if cache_dir else None
-        http_client = openai.DefaultHttpxClient(event_hooks={"response": [self._count_retry]})
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._memory: dict[str, str] = {}  # temperature-0 answers of this run
+        self._reached = False  # a response has come back from the endpoint at least once
+        self._failure: LLMError | None = None  # the hard error that stopped this client
+        http_client = openai.DefaultHttpxClient(
+            event_hooks={"response": [self._count_retry]},
+            limits=httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4))
         common = {"max_retries": max_retries, "timeout": timeout, "http_client": http_client}
         if api == "openai":
             key = _require_env(KEY_ENV["openai"], api)
@@ -85,60 +126,191 @@ class ChatClient:
             self.endpoint = base_url or "https://api.openai.com/v1"
         elif api == "azure":
             key = _require_env(KEY_ENV["azure"], api)
-            self.endpoint = _require_env(AZURE_URL_ENV, api)
+            self.endpoint = base_url or _require_env(AZURE_URL_ENV, api)
             self._client = openai.AzureOpenAI(
                 api_key=key, azure_endpoint=self.endpoint,
                 api_version=os.environ.get(AZURE_VERSION_ENV, AZURE_DEFAULT_VERSION), **common)
         else:
-            self.endpoint = base_url or "http://localhost:1234/v1"
+            self.endpoint = base_url or LOCAL_DEFAULT_URL
             self._client = openai.OpenAI(api_key=os.environ.get(KEY_ENV["local"], "no key needed"),
                                          base_url=self.endpoint, **common)
+        self.where = f"--api={self.api} at {self.endpoint} (model {self.model!r})"
 
     def _count_retry(self, response) -> None:
         if response.status_code in RETRIED_STATUS or response.status_code >= 500:
-            self.usage.retries += 1
+            with self._lock:
+                self.usage.retries += 1
 
-    def complete(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 512) -> str:
-        """The model's answer to a chat; cached answers are returned without a request."""
+    def complete(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int = 512,
+                 accept: Callable[[str], str | None] | None = None, attempts: int = 1) -> str | None:
+        """The model's answer to a chat, or None when ``attempts`` answers were all empty or refused
+        by ``accept`` (which returns None for a good answer, else the reason). Usable answers are
+        cached; at temperature 0 a repeated prompt is answered from memory. Thread-safe."""
         key = hashlib.sha256(json.dumps([self.api, self.model, messages, temperature, max_tokens],
                                         sort_keys=True).encode()).hexdigest()
-        cached = self._cache_get(key)
-        if cached is not None:
-            self.usage.cached += 1
+        cached = self._recall(key, temperature)
+        if cached is not None and (accept is None or accept(cached) is None):
+            with self._lock:
+                self.usage.cached += 1
             return cached
-        self.usage.requests += 1
-        where = f"--api={self.api} at {self.endpoint} (model {self.model!r})"
-        try:
-            response = self._client.chat.completions.create(
-                model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens)
-        except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
-            hint = f"; set ${KEY_ENV[self.api]}" if self.api != "local" else ""
-            raise LLMError(f"authentication failed for {where}{hint}: {error}") from None
-        except (openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError) as error:
-            raise LLMError(f"the request was refused by {where}: {error}") from None
-        except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
-                openai.InternalServerError) as error:
-            raise LLMError(f"{where} kept failing after retries: {error}") from None
-        if response.usage is not None:
-            self.usage.prompt_tokens += response.usage.prompt_tokens or 0
-            self.usage.completion_tokens += response.usage.completion_tokens or 0
-        text = (response.choices[0].message.content or "") if response.choices else ""
-        self._cache_put(key, text)
-        return text
+        for attempt in range(attempts):
+            text = self._request(messages, temperature, max_tokens)
+            problem = "empty" if not text.strip() else accept(text) if accept is not None else None
+            with self._lock:
+                if problem is None:
+                    self.usage.answered += 1
+                elif problem == "empty":
+                    self.usage.empty += 1
+                else:
+                    self.usage.rejected += 1
+            if problem is None:
+                self._remember(key, temperature, text)
+                return text
+            logger.info("%s answer %d of %d unusable (%s): %.80r", self.model, attempt + 1, attempts, problem, text)
+        return None
 
-    def _cache_get(self, key: str) -> str | None:
+    def complete_many(self, chats: list[list[dict]], *, accepts: list | None = None, **options) -> list[str | None]:
+        """:meth:`complete` for every chat (``accepts``: one check per chat), sent concurrently (at most
+        ``max_concurrency`` in flight); answers in the order of ``chats``. A hard error is raised once
+        every request has stopped."""
+        accepts = accepts if accepts is not None else [None] * len(chats)
+        if len(chats) <= 1:
+            return [self.complete(chat, accept=accept, **options) for chat, accept in zip(chats, accepts)]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="llm")
+        futures = [self._pool.submit(self.complete, chat, accept=accept, **options)
+                   for chat, accept in zip(chats, accepts)]
+        wait(futures)
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+    # --- one request ------------------------------------------------------------------
+
+    def _request(self, messages: list[dict], temperature: float, max_tokens: int) -> str:
+        request = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+        with self._slots:
+            with self._lock:
+                if self._failure is not None:
+                    raise self._failure
+                self.usage.requests += 1
+                self.usage.in_flight += 1
+            try:
+                response = self._send(request)
+            except LLMError as error:
+                with self._lock:
+                    self._failure = self._failure or error
+                raise
+            finally:
+                with self._lock:
+                    self.usage.in_flight -= 1
+        if not isinstance(response, ChatCompletion):
+            error = LLMError(f"{self.where} answered with something that is not a chat completion: "
+                             f"{str(response)[:200]!r}")
+            with self._lock:
+                self._failure = self._failure or error
+            raise error
+        with self._lock:
+            self._reached = True
+            if response.usage is not None:
+                self.usage.prompt_tokens += response.usage.prompt_tokens or 0
+                self.usage.completion_tokens += response.usage.completion_tokens or 0
+        choice = response.choices[0] if response.choices else None
+        return (choice.message.content or "") if choice is not None and choice.message is not None else ""
+
+    def _send(self, request: dict):
+        """One chat completion; the openai client retries transient failures. Until the endpoint has
+        answered once, a refused connection is not retried: nothing listens at that address."""
+        client = self._client
+        try:
+            if not self._reached and self.max_retries > 0:
+                try:
+                    return client.with_options(max_retries=0).chat.completions.create(**request)
+                except openai.APIConnectionError as error:
+                    if _refused(error):
+                        raise LLMError(f"nothing answers at {self.where}: {_root_cause(error)}; is the server "
+                                       "running, and is --base_url right?") from None
+                except (openai.RateLimitError, openai.InternalServerError):
+                    pass  # transient: the retrying call below takes over, with the retries left
+                client = client.with_options(max_retries=self.max_retries - 1)
+            return client.chat.completions.create(**request)
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
+            raise LLMError(f"authentication failed for {self.where}: {_reason(error)}; {KEY_HINT[self.api]}") from None
+        except openai.NotFoundError as error:
+            raise LLMError(f"{self.where}: not found ({_reason(error)}); check --model (the model or deployment "
+                           "name the server knows) and --base_url") from None
+        except (openai.BadRequestError, openai.UnprocessableEntityError, openai.ConflictError) as error:
+            raise LLMError(f"the request was refused by {self.where}: {_reason(error)}") from None
+        except (openai.RateLimitError, openai.InternalServerError) as error:
+            raise LLMError(f"{self.where} kept failing after retries: {_reason(error)}") from None
+        except openai.APIConnectionError as error:  # includes timeouts
+            raise LLMError(f"{self.where} kept failing after retries: {type(error).__name__}: "
+                           f"{_root_cause(error)}") from None
+        except openai.APIStatusError as error:
+            raise LLMError(f"{self.where} answered with an error: {_reason(error)}") from None
+
+    # --- remembered answers -----------------------------------------------------------
+
+    def _recall(self, key: str, temperature: float) -> str | None:
+        if temperature == 0:
+            with self._lock:
+                if key in self._memory:
+                    return self._memory[key]
         if self.cache_dir is None:
             return None
         path = self.cache_dir / f"{key}.json"
-        return json.loads(path.read_text(encoding="utf-8"))["text"] if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))["text"]
+        except (json.JSONDecodeError, KeyError, OSError):
+            return None  # a damaged cache file is simply asked again
 
-    def _cache_put(self, key: str, text: str) -> None:
+    def _remember(self, key: str, temperature: float, text: str) -> None:
+        if temperature == 0:
+            with self._lock:
+                self._memory[key] = text
         if self.cache_dir is None:
             return
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_dir / f".{key}.tmp{os.getpid()}"
+        tmp = self.cache_dir / f".{key}.tmp{os.getpid()}-{threading.get_ident()}"
         tmp.write_text(json.dumps({"model": self.model, "text": text}), encoding="utf-8")
         os.replace(tmp, self.cache_dir / f"{key}.json")
+
+
+def _reason(error: openai.APIStatusError) -> str:
+    """The status code and the server's own explanation of an error response."""
+    body, message = error.body, None
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") or inner.get("detail") if isinstance(inner, dict) else inner
+        message = message or body.get("detail") or body.get("message")
+    if message is None:
+        try:
+            message = error.response.text.strip() or error.message
+        except Exception:  # a streamed body that cannot be read any more
+            message = error.message
+    return f"HTTP {error.status_code}: {' '.join(str(message).split())[:300]}"
+
+
+def _root_cause(error: BaseException) -> str:
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _refused(error: openai.APIConnectionError) -> bool:
+    """True when the connection itself was refused (or the host is unknown), not merely slow."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError | httpx.ConnectError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _require_env(name: str, api: str) -> str:
@@ -152,8 +324,13 @@ def make_client(args) -> ChatClient | None:
     """The chat client the flags ask for, or None for ``--api oracle``."""
     if args.api == "oracle":
         return None
-    return ChatClient(args.api, args.model, base_url=args.base_url if args.api != "openai" else None,
-                      cache_dir=args.llm_cache, max_retries=args.llm_max_retries, timeout=args.llm_timeout)
+    return ChatClient(args.api, args.model, base_url=args.base_url, cache_dir=args.llm_cache,
+                      max_retries=args.llm_max_retries, timeout=args.llm_timeout, max_concurrency=args.max_concurrency)
+
+
+def workers(args, client: ChatClient | None) -> int:
+    """How many items a step works on at once: ``--max_concurrency`` with an API model, one with the oracle."""
+    return 1 if client is None else client.max_concurrency
 
 
 def model_name(args) -> str:

@@ -176,6 +176,7 @@ def load_model_and_tokenizer(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    args.report_cpu_fallback()
     model_name = model_name or args.model_name
     path = resolve_model_path(model_name)
     tokenizer = load_tokenizer(model_name)

@@ -356,6 +356,9 @@ class AutoExploreEnv(TextEnv):
     def _truncation_reward(self) -> float:
         return -float(self.horizon)
 
+    def _wasted_step_reward(self) -> float:
+        return -STEP_COST
+
     def _success(self) -> bool:
         return -self.total_reward < SUCCESS_MAX_COST
 

@@ -9,8 +9,10 @@ class does the labelling, rendering, the ``info`` dict and the invalid-label rul
 ``info`` always holds ``labels`` (valid labels, in display order), ``actions`` (their
 command texts, aligned) and ``oracle_label`` (an optimal next label, or None); at the
 end of an episode also ``success`` and ``cost`` (the episode's total cost = -return).
-A label outside the current list leaves the state unchanged, gives reward 0 and sets
-``info["invalid_label"]``; it still counts towards the horizon.
+A label outside the current list (an unusable answer) is a wasted step: the state stays
+unchanged, the reward is what a step that achieves nothing earns (:meth:`TextEnv._wasted_step_reward`:
+Taxi's move cost, AutoExplore's step cost, 0 in ALFWorld, whose steps cost nothing), and
+``info["invalid_label"]`` is set; it counts towards the horizon.
 """
 
 from dataclasses import dataclass, field
@@ -156,7 +158,7 @@ class TextEnv(gymnasium.Env):
             raise RuntimeError("step() called on a finished episode; call reset() first")
         self.steps += 1
         if label not in self._labels:
-            outcome = Outcome(reward=0.0, info={"invalid_label": True})
+            outcome = Outcome(reward=self._wasted_step_reward(), info={"invalid_label": True})
         else:
             outcome = self._act(self._labels.index(label))
         truncated = outcome.truncated or (not outcome.terminated and self.steps >= self.horizon)
@@ -181,6 +183,10 @@ class TextEnv(gymnasium.Env):
         return None
 
     # --- helpers -----------------------------------------------------------------
+
+    def _wasted_step_reward(self) -> float:
+        """The reward of a step that changes nothing (an invalid label): the environment's step cost."""
+        return 0.0
 
     def _truncation_reward(self) -> float:
         """Extra reward when the horizon runs out (AutoExplore charges the failure here)."""

@@ -28,6 +28,7 @@ DEPOTS = ("R", "G", "Y", "B")  # gymnasium's locs order
 SUCCESS_COST_BELOW = {"pickup": 0.0, "dropoff": 0.0, FULL: -1.0}
 REWARD_SCALE = 20.0
 DANGER_REWARD = -10.0
+MOVE_REWARD = -1.0  # gymnasium's reward of a move (before scaling): what a wasted step costs
 PICKUP_BONUS = 20.0
 
 RULES = """\
@@ -148,6 +149,9 @@ class DangerousTaxiEnv(TextEnv):
 
     def _success(self) -> bool:
         return -self.total_reward < SUCCESS_COST_BELOW[self._stage]
+
+    def _wasted_step_reward(self) -> float:
+        return MOVE_REWARD / REWARD_SCALE
 
     def positions(self) -> dict:
         """Where things are: taxi cell, passenger depot (None when inside), destination depot."""

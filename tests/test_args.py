@@ -20,7 +20,8 @@ def test_defaults_follow_the_paper():
     assert (args.trainer, args.baseline, args.replay_buffer_size) == ("pg", "none", 50)
     assert (args.ppo_clip, args.ppo_epochs, args.temperature) == (0.1, 3, 1.0)
     assert args.reflect_max_new_tokens == 100 and args.merge_after_first_k == 3
-    assert args.api == "openai" and args.model == "gpt-4" and args.base_url == "http://localhost:1234/v1"
+    assert args.api == "openai" and args.model == "gpt-4" and args.base_url is None  # each --api has its default
+    assert args.max_concurrency == 8
 
 
 def test_paper_readme_flags_parse():
@@ -135,6 +136,9 @@ def test_gpu_defaults_fall_back_on_cpu_with_one_warning(caplog, monkeypatch):
     monkeypatch.setattr("experiment_args._cuda_available", lambda: False)
     with caplog.at_level(logging.WARNING, logger="experiment_args"):
         args = ScriptArguments()
+        assert not caplog.records  # steps that only call an API never load a model: nothing to say
+        args.report_cpu_fallback()  # the model loader says it
+        args.report_cpu_fallback()
     assert not (args.load_in_8bit or args.load_in_4bit or args.bf16 or args.fp16)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1

@@ -159,6 +159,13 @@ def test_running_out_of_steps_costs_horizon_twice(repo):
     assert steps[-1][3]["cost"] == 4 + 4
 
 
+def test_an_invalid_label_costs_a_step(repo):
+    env = make_env(repo)
+    obs, _ = env.reset(seed=0)
+    again, reward, terminated, truncated, info = env.step("\u00d8")
+    assert again == obs and reward == -1.0 and info["invalid_label"] and not (terminated or truncated)
+
+
 def test_error_and_warning_costs(repo):
     env = make_env(repo)
     env.reset(seed=0)

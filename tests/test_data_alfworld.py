@@ -180,20 +180,20 @@ def test_states_without_an_expert_command_are_skipped_and_counted(root, tmp_path
 def test_interrupted_run_resumes_to_the_same_output(root, tmp_path, monkeypatch):
     whole = _run(root, tmp_path / "whole", num_episodes=4, horizon=6)
     calls = {"n": 0}
-    real = reflection.rollout
+    real = reflection.play
 
-    def failing(args, client, env, index):
+    def failing(args, env, index, oracle_writer):
         calls["n"] += 1
         if calls["n"] == 3:
             raise LLMError("simulated outage")
-        return real(args, client, env, index)
+        return real(args, env, index, oracle_writer)
 
-    monkeypatch.setattr(reflection, "rollout", failing)
+    monkeypatch.setattr(reflection, "play", failing)
     args = _args(root, tmp_path / "part", num_episodes=4, horizon=6)
     assert reflection.main(args) == 1
     assert len(Journal(tmp_path / "part", journal_name(args)).done) == 2
     assert not (tmp_path / "part" / "data_reflection.json").exists()
-    monkeypatch.setattr(reflection, "rollout", real)
+    monkeypatch.setattr(reflection, "play", real)
     assert _run(root, tmp_path / "part", num_episodes=4, horizon=6) == whole
 
 
@@ -215,7 +215,11 @@ def test_api_backend_writes_the_model_answer(root, tmp_path):
         prompts = [request["body"]["messages"][1]["content"] for request in server.requests]
     records = json.loads((tmp_path / "data_reflection.json").read_text())
     assert len(records) == len(prompts) == 4
-    for record, prompt in zip(records, prompts):
+    # All of an episode's reflections are asked for at once, so the requests come in any order.
+    prompts = {prompt[: len(record["state"])]: prompt for record in records for prompt in prompts
+               if prompt.startswith(record["state"])}
+    for record in records:
+        prompt = prompts[record["state"]]
         assert record["reflection"] == "The tomato is not found yet. Keep looking." and record["model"] == "local-llm"
         assert prompt.startswith(record["state"]) and "Your task is to: put" in prompt
         assert f'Spoiler, for you only: the best next command is "{record["command"]}"' in prompt

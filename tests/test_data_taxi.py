@@ -53,7 +53,7 @@ def test_random_prob_zero_follows_the_oracle_to_success(make_args, tmp_path):
 def test_interrupted_run_resumes_to_the_same_output(make_args, tmp_path, monkeypatch):
     whole = _run(make_args, tmp_path / "whole")
     calls = {"n": 0}
-    real = reflection.rollout
+    real = reflection.episode
 
     def failing(args, client, index):
         calls["n"] += 1
@@ -61,12 +61,12 @@ def test_interrupted_run_resumes_to_the_same_output(make_args, tmp_path, monkeyp
             raise LLMError("simulated outage")
         return real(args, client, index)
 
-    monkeypatch.setattr(reflection, "rollout", failing)
+    monkeypatch.setattr(reflection, "episode", failing)
     args = make_args(api="oracle", num_episodes=6, output_dir=str(tmp_path / "part"))
     assert reflection.main(args) == 1
     journal = Journal(tmp_path / "part", reflection.journal_name(args))
     assert len(journal.done) == 3
-    monkeypatch.setattr(reflection, "rollout", real)
+    monkeypatch.setattr(reflection, "episode", real)
     assert _run(make_args, tmp_path / "part") == whole
 
 

@@ -184,8 +184,18 @@ def test_invalid_label_leaves_state_unchanged():
     obs, info = env.reset(seed=0)
     state = env.state
     obs2, reward, terminated, truncated, info2 = env.step("Z")
-    assert (obs2, reward, terminated, truncated) == (obs, 0.0, False, False)
+    # An unusable answer is a wasted move: it costs what a move costs (-1, scaled by 1/20).
+    assert (obs2, reward, terminated, truncated) == (obs, -0.05, False, False)
     assert info2["invalid_label"] and env.state == state and info2["labels"] == info["labels"]
+
+
+def test_an_agent_that_never_answers_usably_pays_every_step():
+    env = make_env("taxi", horizon=5)
+    env.reset(seed=0)
+    for _ in range(5):
+        *_, terminated, truncated, info = env.step("\u00d8")
+    assert truncated and not terminated and not info["success"]
+    assert info["cost"] == pytest.approx(0.25)  # not 0.000, which would beat every trained model
 
 
 def test_first_step_is_a_contextual_bandit():

@@ -28,12 +28,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_gen.common import Journal, api_reflection, item_rng, print_counts, random_prob, write_json
+from data_gen.common import (
+    Journal,
+    Unfinished,
+    api_reflections,
+    item_rng,
+    print_counts,
+    random_prob,
+    usable_records,
+    with_reflections,
+    write_json,
+)
 from data_gen.common import journal_name as common_journal_name
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
 from experiment_args import parse_args, require_env
-from llm import make_client, model_name, stops_on_llm_error
+from llm import make_client, model_name, stops_on_llm_error, workers
 from paths import DATA_DIR
 from prompts import split_observation
 
@@ -282,17 +292,13 @@ def oracle_reflection(memory: Memory, best: str, last: LastStep | None, rng) -> 
     return f"{_situation(memory, last, rng)} {_plan(memory, best, rng)}"
 
 
-def write_reflection(client, observation: str, memory: Memory, best: str, last: LastStep | None, rng) -> str:
-    if client is None:
-        return oracle_reflection(memory, best, last, rng)
-    return api_reflection(client, SYSTEM, PROMPT.format(observation=observation, best=best))
-
-
 # --- rollouts ---------------------------------------------------------------------------
 
 
-def rollout(args, client, env, index: int) -> dict:
-    """One episode: a record per state where the expert has a command, and what happened."""
+def play(args, env, index: int, oracle_writer: bool) -> tuple[dict, list[tuple[str, str]]]:
+    """One episode on the shared ``env``: a record per state where the expert has a command, what
+    happened, and what to ask an API writer for each record (its prompt and spoiler). The actions
+    do not depend on the reflections, so all of them can be asked at once, after the episode."""
     rng = item_rng(args.seed, "alfworld", index)
     # Wording draws from its own generator, so the trajectories do not depend on the writer.
     wording = item_rng(args.seed, "alfworld", index, "wording")
@@ -302,14 +308,15 @@ def rollout(args, client, env, index: int) -> dict:
     if env.data_root is not None and problem.is_relative_to(env.data_root):
         problem = problem.relative_to(env.data_root)
     memory = Memory.from_task(env.task_description)
-    records, skipped, last = [], 0, None
+    records, asks, skipped, last = [], [], 0, None
     while True:
         best_label = info["oracle_label"]
         if best_label is None:
             skipped += 1
         else:
             best = info["actions"][info["labels"].index(best_label)]
-            reflection = write_reflection(client, observation, memory, best, last, wording)
+            reflection = oracle_reflection(memory, best, last, wording) if oracle_writer else None
+            asks.append((PROMPT.format(observation=observation, best=best), best))
         explore = rng.random() < p_random
         label = best_label if best_label is not None and not explore else str(rng.choice(info["labels"]))
         if best_label is not None:
@@ -326,7 +333,18 @@ def rollout(args, client, env, index: int) -> dict:
                 logger.warning("episode %d: game %s failed (%s); its %d states so far are kept and the "
                                "problem is on the block list", index, problem, info["engine_error"], len(records))
             return {"records": records, "skipped_states": skipped, "won": bool(info["success"]),
-                    "engine_error": info.get("engine_error"), "problem": str(problem)}
+                    "engine_error": info.get("engine_error"), "problem": str(problem)}, asks
+
+
+def reflect(client, played: tuple[dict, list[tuple[str, str]]]) -> dict | Unfinished:
+    """An episode played by :func:`play`, with the API writer's reflections (the oracle's are there)."""
+    result, asks = played
+    if client is None:
+        return result
+    records = with_reflections(result["records"], api_reflections(client, SYSTEM, asks))
+    if isinstance(records, Unfinished):
+        return Unfinished(dict(result, records=records.result), records.reason)
+    return result
 
 
 def journal_name(args) -> str:
@@ -346,11 +364,14 @@ def main(args) -> int:
         client = make_client(args)
         journal = Journal(out_dir, journal_name(args))
         items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
-        episodes = journal.run(items, lambda i: rollout(args, client, env, i), desc="alfworld reflections")
+        # The shared env plays the episodes in order; their reflections are asked for concurrently.
+        episodes = journal.run(items, lambda played: reflect(client, played), desc="alfworld reflections",
+                               prepare=lambda i: play(args, env, i, oracle_writer=client is None),
+                               workers=workers(args, client), status=client and client.usage.progress)
         blocked = len(env.blocked)
     finally:
         env.close()
-    records = [record for episode in episodes for record in episode["records"]]
+    records, missing = usable_records([episode["records"] for episode in episodes])
     path = out_dir / "data_reflection.json"
     write_json(path, records)
     failed = sum(1 for episode in episodes if episode["engine_error"])
@@ -360,7 +381,7 @@ def main(args) -> int:
               "engine errors": failed, "blocked problems": blocked, "output": str(path)}
     if blocked:
         counts["block list"] = str(env.block_list)
-    print_counts(STEP, counts, client)
+    print_counts(STEP, counts, client, missing=missing, unfinished=len(journal.unfinished))
     return 0
 
 

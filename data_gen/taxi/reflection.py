@@ -14,13 +14,23 @@ names the direction that the BFS plan takes next.
 
 import sys
 
-from data_gen.common import Journal, api_reflection, item_rng, print_counts, random_prob, write_json
+from data_gen.common import (
+    Journal,
+    Unfinished,
+    api_reflections,
+    item_rng,
+    print_counts,
+    random_prob,
+    usable_records,
+    with_reflections,
+    write_json,
+)
 from data_gen.common import journal_name as common_journal_name
 from envs import make_env
 from envs.base import rng_seed
 from envs.taxi import DangerousTaxiEnv, curriculum_at
 from experiment_args import parse_args, require_env
-from llm import make_client, model_name, stops_on_llm_error
+from llm import make_client, model_name, stops_on_llm_error, workers
 from paths import DATA_DIR
 
 DEFAULT_RANDOM_PROB = 0.9
@@ -74,25 +84,21 @@ def advised_command(reflection: str | None) -> str | None:
     return min(found)[1] if found else None
 
 
-def write_reflection(client, env: DangerousTaxiEnv, observation: str, best: str,
-                     last_move_good: bool | None) -> str:
-    if client is None:
-        return oracle_reflection(env, best, last_move_good)
-    return api_reflection(client, SYSTEM, PROMPT.format(observation=observation, best=best))
-
-
-def rollout(args, client, index: int) -> list[dict]:
-    """One episode; a record per state visited."""
+def play(args, index: int, oracle_writer: bool) -> tuple[list[dict], list[tuple[str, str]]]:
+    """One episode: a record per state visited, and what to ask an API writer for each (its prompt and
+    spoiler). The actions taken do not depend on the reflections, so all of them can be asked at once;
+    the oracle writer fills them in as it goes."""
     rng = item_rng(args.seed, "taxi", index)
     p_random = random_prob(args, DEFAULT_RANDOM_PROB)
     env = make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
                    with_history=args.with_history, curriculum=_curriculum(args))
     observation, info = env.reset(seed=rng_seed(rng))
-    records, last_move_good = [], None
+    records, asks, last_move_good = [], [], None
     while True:
         best_label = info["oracle_label"]
         best = info["actions"][info["labels"].index(best_label)]
-        reflection = write_reflection(client, env, observation, best, last_move_good)
+        reflection = oracle_reflection(env, best, last_move_good) if oracle_writer else None
+        asks.append((PROMPT.format(observation=observation, best=best), best))
         label = str(rng.choice(info["labels"])) if rng.random() < p_random else best_label
         records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
                         "taken": label, "model": model_name(args), "episode": index, "step": env.steps,
@@ -100,7 +106,15 @@ def rollout(args, client, index: int) -> list[dict]:
         last_move_good = label == best_label
         observation, _, terminated, truncated, info = env.step(label)
         if terminated or truncated:
-            return records
+            return records, asks
+
+
+def episode(args, client, index: int) -> list[dict] | Unfinished:
+    """One episode's records, with their reflections; :class:`Unfinished` if some state got none."""
+    records, asks = play(args, index, oracle_writer=client is None)
+    if client is None:
+        return records
+    return with_reflections(records, api_reflections(client, SYSTEM, asks))
 
 
 def journal_name(args) -> str:
@@ -121,12 +135,13 @@ def main(args) -> int:
     client = make_client(args)
     journal = Journal(out_dir, journal_name(args))
     items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
-    episodes = journal.run(items, lambda i: rollout(args, client, i), desc="taxi reflections")
-    records = [record for episode in episodes for record in episode]
+    episodes = journal.run(items, lambda i: episode(args, client, i), desc="taxi reflections",
+                           workers=workers(args, client), status=client and client.usage.progress)
+    records, missing = usable_records(episodes)
     path = f"{out_dir}/data_reflection.json"
     write_json(path, records)
     counts = {"episodes": len(episodes), "states": len(records), "output": path}
-    print_counts(STEP, counts, client)
+    print_counts(STEP, counts, client, missing=missing, unfinished=len(journal.unfinished))
     return 0
 
 
