@@ -5,6 +5,10 @@
 script configures environments the same way. See ``envs/base.py`` for the contract.
 """
 
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from envs.base import TextEnv
@@ -40,8 +44,9 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
     if args.env == "taxi":
         kwargs.update(with_prompt=args.with_prompt, with_history=args.with_history, first_step=args.first_step)
     elif args.env == "auto_explore":
+        # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
         kwargs.update(leaveout_prob=0.0 if evaluation else args.leaveout_prob, easy=args.easy,
-                      first_step=args.first_step)
+                      first_step=args.first_step, repos_dir=args.repo_dir)
     elif args.env == "alfworld":
         kwargs.update(
             data_root=args.alfworld_data,
@@ -52,3 +57,35 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
             block_list=None if run_dir is None else Path(run_dir) / "alfworld_blocklist.txt",
         )
     return kwargs
+
+
+class EnvPool:
+    """Environments for work running on several threads: :meth:`env` lends one that no other thread
+    is using, building a new one (``factory()``) only when all are lent. An episode started with
+    ``reset(seed=..., options=...)`` does not depend on which environment plays it."""
+
+    def __init__(self, factory: Callable[[], TextEnv]):
+        self._factory = factory
+        self._free: queue.SimpleQueue[TextEnv] = queue.SimpleQueue()
+        self._all: list[TextEnv] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def env(self) -> Iterator[TextEnv]:
+        try:
+            env = self._free.get_nowait()
+        except queue.Empty:
+            env = self._factory()
+            with self._lock:
+                self._all.append(env)
+        try:
+            yield env
+        finally:
+            self._free.put(env)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def close(self) -> None:
+        for env in self._all:
+            env.close()

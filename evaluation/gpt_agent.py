@@ -3,16 +3,20 @@
 It sees the same observations as the trained policy, behind a more detailed instruction
 (in-context models need the rules spelled out), and answers with a choice label. Its
 answers are parsed leniently ("3", "3.", "Action 3", "Action: c", "(b)", or the
-command's own text); an answer naming no listed action is counted as unusable and
-played as a label outside the list (the state stays as it was; the step counts).
+command's own text). An answer that is empty or names no listed action is never mapped to an
+action: it is counted and logged as unusable and played as a label outside the list, a wasted
+step (the state stays as it was; the step costs what a step costs, see ``envs/base.py``).
+At temperature 0 the same prompt is not sent twice (the client remembers the answer).
 """
 
+import logging
 import re
-from dataclasses import dataclass
 
 from envs.base import TextEnv
 from llm import ChatClient
 from rollout import Decision, Episode, EpisodeStart
+
+logger = logging.getLogger(__name__)
 
 INSTRUCTIONS = {
     "taxi": (
@@ -65,37 +69,35 @@ def parse_choice(answer: str, labels: list[str], actions: list[str]) -> str | No
     return None
 
 
-@dataclass
-class ApiPlay:
-    """The episodes an API model played, how many answers it gave and how many named no listed action."""
-
-    episodes: list[Episode]
-    answers: int
-    unusable: int
+NO_LABEL = "\u00d8"  # a label no environment lists: how an unusable answer is played
 
 
-def play(client: ChatClient, env: TextEnv, env_name: str, starts: list[EpisodeStart],
-         temperature: float = 0.0) -> ApiPlay:
-    """Play ``starts`` one after another."""
-    episodes, answers, unusable = [], 0, 0
-    for start in starts:
-        obs, info = env.reset(seed=start.seed, options=start.options)
-        episode = Episode(seed=start.seed, options=start.options, level=start.level)
-        while True:
-            messages = [{"role": "system", "content": INSTRUCTIONS[env_name]},
-                        {"role": "user", "content": f"{obs}\n{ANSWER_RULE}"}]
-            reply = client.complete(messages, temperature=temperature, max_tokens=64)
-            answers += 1
-            label = parse_choice(reply, info["labels"], info["actions"])
-            if label is None:
-                unusable += 1
-                label = "\u00d8"  # no listed label: the env keeps its state and counts the step
-            obs, reward, terminated, truncated, info = env.step(label)
-            episode.decisions.append(Decision(obs="", prompt="", valid=[], action=-1, logprob=0.0, entropy=0.0,
-                                              reward=float(reward)))
-            if terminated or truncated:
-                episode.success, episode.cost = bool(info["success"]), float(info["cost"])
-                break
-        episodes.append(episode)
-    return ApiPlay(episodes, answers, unusable)
+def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: EpisodeStart,
+                 temperature: float = 0.0) -> dict:
+    """One episode played by the API model: its outcome, the rewards of its steps, how many answers
+    the model gave, and the unusable ones (step and text), as a journal entry."""
+    obs, info = env.reset(seed=start.seed, options=start.options)
+    rewards, unusable = [], []
+    while True:
+        messages = [{"role": "system", "content": INSTRUCTIONS[env_name]},
+                    {"role": "user", "content": f"{obs}\n{ANSWER_RULE}"}]
+        reply = client.complete(messages, temperature=temperature, max_tokens=64)
+        label = None if reply is None else parse_choice(reply, info["labels"], info["actions"])
+        if label is None:
+            unusable.append({"step": len(rewards), "answer": reply or ""})
+            logger.info("episode %s (seed %d), step %d: unusable answer %.80r", start.level, start.seed,
+                        len(rewards), reply or "")
+        obs, reward, terminated, truncated, info = env.step(NO_LABEL if label is None else label)
+        rewards.append(float(reward))
+        if terminated or truncated:
+            return {"level": start.level, "seed": start.seed, "success": bool(info["success"]),
+                    "cost": float(info["cost"]), "rewards": rewards, "answers": len(rewards), "unusable": unusable}
 
+
+def as_episode(played: dict, start: EpisodeStart) -> Episode:
+    """A played episode (:func:`play_episode`) as the evaluation's :class:`rollout.Episode`."""
+    episode = Episode(seed=start.seed, options=start.options, level=start.level)
+    episode.decisions = [Decision(obs="", prompt="", valid=[], action=-1, logprob=0.0, entropy=0.0, reward=reward)
+                         for reward in played["rewards"]]
+    episode.success, episode.cost = played["success"], played["cost"]
+    return episode

@@ -82,3 +82,17 @@ def digit_model(tmp_path_factory) -> str:
         torch.manual_seed(0)
         GPT2LMHeadModel(config).save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def real_llm_server(tmp_path_factory):
+    """A real OpenAI-compatible server, ``transformers serve`` pinned to SmolLM2-135M-Instruct on the CPU
+    (offline; ~6 s to start, once per session), for the slow tests. Send ``model=real_llm_server.model``
+    to ``real_llm_server.url``; see tests/real_llm_server.py. Skipped without the serving extra or SmolLM2."""
+    from tests.real_llm_server import TransformersServer, missing_requirement, serve_folder
+
+    reason = missing_requirement()
+    if reason is not None:
+        pytest.skip(reason)
+    with TransformersServer(serve_folder(), log_dir=tmp_path_factory.mktemp("transformers-serve")) as server:
+        yield server

@@ -83,25 +83,80 @@ def test_parse_choice(answer, expected):
     assert parse_choice(answer, labels, actions) == expected
 
 
-def test_taxi_api_evaluation_counts_unusable_answers(make_args, capsys):
-    replies = iter(["Action: 1", "no idea", "2."] * 200)
-    with OpenAIServer(lambda body: (200, next(replies))) as server:
-        args = make_args(env="taxi", runs=3, api="local", base_url=server.url, model="local-model",
-                         taxi_curriculum=True, curriculum_index=0)
+def _taxi_responder(body):
+    """A deterministic stand-in for a model: a usable answer, an unusable one or an empty one,
+    chosen by the prompt (so the same prompt gets the same answer, whatever the order)."""
+    prompt = body["messages"][1]["content"]
+    pick = sum(map(ord, prompt)) % 3
+    return 200, ["Action: 1", "no idea", ""][pick]
+
+
+def _gpt_eval(make_args, url, **overrides):
+    values = dict(env="taxi", runs=3, api="local", base_url=url, model="local-model", taxi_curriculum=True,
+                  curriculum_index=0, horizon=8)
+    values.update(overrides)
+    return make_args(**values)
+
+
+def test_taxi_api_evaluation_counts_and_charges_unusable_answers(make_args, tmp_path, capsys):
+    with OpenAIServer(_taxi_responder) as server:
+        args = _gpt_eval(make_args, server.url)
         assert evaluate_gpt.main(args) == 0
         prompt = server.requests[0]["body"]["messages"]
+        prompts = [json.dumps(request["body"]["messages"]) for request in server.requests]
     out = capsys.readouterr().out
-    assert "local:local-model on taxi: 3 episodes" in out and "unusable" in out
-    answers, unusable = _counts(out)
-    assert unusable >= 1 and answers >= 3
+    assert "local:local-model on taxi: 3 episodes" in out
+    (run_dir,) = (tmp_path / "results").glob("*_evaluate_gpt")
+    results = json.loads((run_dir / "results.json").read_text())[0]
+    unusable = [json.loads(line) for line in (run_dir / "unusable_answers.jsonl").read_text().splitlines()]
+    assert results["unusable_answers"] == len(unusable) >= 1 and results["answers"] >= 3
+    assert results["empty_answers"] == sum(not u["answer"] for u in unusable)
+    assert f"{len(unusable)} of {results['answers']} answers unusable" in out
+    # An unusable answer is a wasted step with a move's cost: no episode is free.
+    assert results["levels"]["all"]["cost"] > 0
+    # At temperature 0 a prompt is sent once, however often the state repeats after unusable answers.
+    assert len(prompts) == len(set(prompts))
     assert prompt[0]["role"] == "system" and "taxi" in prompt[0]["content"]
     assert "Action: 3" in prompt[1]["content"] and "--- Current State ---" in prompt[1]["content"]
 
 
-def _counts(out: str) -> tuple[int, int]:
-    fragment = out.split("episodes, ")[1].split(" answers")[0]  # "U of A"
-    unusable, answers = fragment.split(" of ")
-    return int(answers), int(unusable)
+def test_api_evaluation_is_the_same_at_every_concurrency(make_args, tmp_path):
+    tables = []
+    for n in (1, 6):
+        with OpenAIServer(_taxi_responder) as server:
+            args = _gpt_eval(make_args, server.url, max_concurrency=n, runs=4, ckpt_path=str(tmp_path / f"n{n}"))
+            assert evaluate_gpt.main(args) == 0
+        (run_dir,) = (tmp_path / f"n{n}").glob("*_evaluate_gpt")
+        tables.append([(run_dir / name).read_text() for name in ("results.json", "unusable_answers.jsonl")])
+    assert tables[0] == tables[1]
+
+
+def test_api_evaluation_failure_is_one_line_and_resumes(make_args, tmp_path, capsys):
+    sent = {"n": 0}
+
+    def failing_later(body):
+        sent["n"] += 1
+        return (401, "key revoked") if sent["n"] > 3 else _taxi_responder(body)
+
+    with OpenAIServer(failing_later) as server:
+        args = _gpt_eval(make_args, server.url, max_concurrency=1)
+        assert evaluate_gpt.main(args) == 1
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "stopped" in line]
+    assert server.url in line and "local-model" in line and "key revoked" in line and "LOCAL_API_KEY" in line
+    assert not list((tmp_path / "results").glob("*_evaluate_gpt"))  # no empty run folder
+    (journal,) = (tmp_path / "results" / ".progress").glob("evaluate_gpt_*.jsonl")
+    finished = len(journal.read_text().splitlines())
+    assert finished >= 1
+    with OpenAIServer(_taxi_responder) as server:  # the server again, at another port
+        assert evaluate_gpt.main(_gpt_eval(make_args, server.url, max_concurrency=1)) == 0
+        resumed = len(server.requests)
+    with OpenAIServer(_taxi_responder) as server:
+        assert evaluate_gpt.main(_gpt_eval(make_args, server.url, ckpt_path=str(tmp_path / "fresh"))) == 0
+        assert resumed < len(server.requests)  # the finished episodes were not played again
+    (first,) = (tmp_path / "results").glob("*_evaluate_gpt")
+    (fresh,) = (tmp_path / "fresh").glob("*_evaluate_gpt")
+    assert (first / "results.json").read_text() == (fresh / "results.json").read_text()
 
 
 def test_auto_explore_api_evaluation(make_args, tmp_path, capsys):
@@ -113,16 +168,15 @@ def test_auto_explore_api_evaluation(make_args, tmp_path, capsys):
             "root": str(repo), "n_level": 1, "optimal_path": ["cd src", "cat core.py", "id core.py"]}
     task_file = tmp_path / "test.json"
     task_file.write_text(json.dumps([task]))
-    script = iter(["cd src", "Action: 1", "id core.py"] * 10)
 
     def responder(body):
-        text = next(script)
+        """Go down the optimal path: answer with the first of its commands that is listed."""
         listing = body["messages"][1]["content"].split("# Choose from below your command\n")[1]
-        for line in listing.splitlines():
-            label, _, command = line.partition(". ")
-            if command == text:
-                return 200, f"Action: {label}"
-        return 200, text
+        commands = dict(reversed(line.split(". ", 1)) for line in listing.splitlines() if ". " in line)
+        for wanted in ("id core.py", "cat core.py", "cd src"):
+            if wanted in commands:
+                return 200, f"Action: {commands[wanted]}" if wanted != "cd src" else wanted
+        return 200, "no idea"
 
     with OpenAIServer(responder) as server:
         args = make_args(task_file=str(task_file), eval_reps=2, api="local", base_url=server.url)
