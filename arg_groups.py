@@ -293,12 +293,15 @@ class LLMArguments(_Group):
     llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).")
     llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.")
     llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.")
+    llm_max_tokens: int | None = _arg(
+        None, "A ceiling on the length of every LLM answer, in tokens (each step has its own: reflections 120, "
+        "tasks 600, AutoExplore steps 200, evaluated actions 64); for cheaper runs and slow local servers.")
     max_concurrency: int = _arg(8, "LLM requests in flight at once (independent episodes, tasks or files run "
                                    "side by side; the records written do not depend on it).")
 
     def __post_init__(self) -> None:
         _at_least(self, 0, "llm_max_retries")
-        _at_least(self, 1, "max_concurrency")
+        _at_least(self, 1, "max_concurrency", "llm_max_tokens")
         _positive(self, "llm_timeout")
         need(not self.base_url or self.base_url.startswith(("http://", "https://")), "base_url",
               f"must start with http:// or https://, got {self.base_url!r}")

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -102,12 +103,14 @@ class Usage:
 
 class ChatClient:
     def __init__(self, api: str, model: str, base_url: str | None = None, cache_dir: str | None = None,
-                 max_retries: int = 5, timeout: float = 60.0, max_concurrency: int = 8):
+                 max_retries: int = 5, timeout: float = 60.0, max_concurrency: int = 8,
+                 max_tokens_cap: int | None = None):
         if api not in KEY_ENV:
             raise ValueError(f"--api must be one of {sorted(KEY_ENV)} for a chat client, got {api!r}")
         if max_concurrency < 1:
             raise ValueError(f"--max_concurrency must be at least 1, got {max_concurrency}")
         self.api, self.model, self.max_concurrency, self.max_retries = api, model, max_concurrency, max_retries
+        self.max_tokens_cap = max_tokens_cap  # --llm_max_tokens: a ceiling on every answer's length
         self.usage = Usage()
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self._lock = threading.Lock()
@@ -146,6 +149,8 @@ class ChatClient:
         """The model's answer to a chat, or None when ``attempts`` answers were all empty or refused
         by ``accept`` (which returns None for a good answer, else the reason). Usable answers are
         cached; at temperature 0 a repeated prompt is answered from memory. Thread-safe."""
+        if self.max_tokens_cap is not None:
+            max_tokens = min(max_tokens, self.max_tokens_cap)
         key = hashlib.sha256(json.dumps([self.api, self.model, messages, temperature, max_tokens],
                                         sort_keys=True).encode()).hexdigest()
         cached = self._recall(key, temperature)
@@ -234,8 +239,8 @@ class ChatClient:
                     if _refused(error):
                         raise LLMError(f"nothing answers at {self.where}: {_root_cause(error)}; is the server "
                                        "running, and is --base_url right?") from None
-                except (openai.RateLimitError, openai.InternalServerError):
-                    pass  # transient: the retrying call below takes over, with the retries left
+                except (openai.RateLimitError, openai.InternalServerError) as error:
+                    time.sleep(_retry_after(error))  # transient: the retrying call below takes over
                 client = client.with_options(max_retries=self.max_retries - 1)
             return client.chat.completions.create(**request)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
@@ -297,6 +302,17 @@ def _reason(error: openai.APIStatusError) -> str:
     return f"HTTP {error.status_code}: {' '.join(str(message).split())[:300]}"
 
 
+def _retry_after(error: openai.APIStatusError, default: float = 0.5, most: float = 60.0) -> float:
+    """Seconds the server asks to wait before a retry (``retry-after-ms`` or ``retry-after``)."""
+    headers = error.response.headers
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        try:
+            return min(most, max(0.0, float(headers[name]) * scale))
+        except (KeyError, ValueError):
+            continue
+    return default
+
+
 def _root_cause(error: BaseException) -> str:
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__
@@ -325,7 +341,8 @@ def make_client(args) -> ChatClient | None:
     if args.api == "oracle":
         return None
     return ChatClient(args.api, args.model, base_url=args.base_url, cache_dir=args.llm_cache,
-                      max_retries=args.llm_max_retries, timeout=args.llm_timeout, max_concurrency=args.max_concurrency)
+                      max_retries=args.llm_max_retries, timeout=args.llm_timeout, max_concurrency=args.max_concurrency,
+                      max_tokens_cap=args.llm_max_tokens)
 
 
 def workers(args, client: ChatClient | None) -> int:

@@ -1,49 +1,82 @@
 """A small OpenAI-compatible HTTP server on 127.0.0.1 for tests of the API backends.
 
 Each request to ``/v1/chat/completions`` (or ``.../openai/deployments/<d>/chat/completions``
-for Azure) is answered by ``responder(body) -> (status, text_or_error)``; every request
-is recorded in ``server.requests``.
+for Azure) is answered by ``responder(body)``: ``(status, text_or_error)`` or
+``(status, text_or_error, headers)``. A :class:`Raw` text is sent as it is (not as a chat
+completion). Every request is recorded in ``server.requests``; ``delay`` seconds are spent
+on each answer, and ``max_in_flight`` records how many were being answered at once.
 """
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class Raw(str):
+    """A response body sent verbatim as text/html (a proxy's error page, say)."""
+
+
+def chat_completion(text: str, model: str, number: int) -> dict:
+    return {
+        "id": f"chatcmpl-{number}", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
 class OpenAIServer:
-    def __init__(self, responder: Callable[[dict], tuple[int, str]]):
+    def __init__(self, responder: Callable[[dict], tuple], delay: float = 0.0):
         self.responder = responder
+        self.delay = delay
         self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        lock = threading.Lock()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+
             def log_message(self, *args):  # keep test output clean
                 pass
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                owner.requests.append({"path": self.path, "body": body, "headers": {k.lower(): v for k, v in self.headers.items()}})
-                status, text = owner.responder(body)
-                if status == 200:
-                    payload = {
-                        "id": f"chatcmpl-{len(owner.requests)}", "object": "chat.completion", "created": 0,
-                        "model": body.get("model", "test"),
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": text}}],
-                        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
-                    }
+                with lock:
+                    owner.requests.append({"path": self.path, "body": body,
+                                           "headers": {k.lower(): v for k, v in self.headers.items()}})
+                    owner.in_flight += 1
+                    owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+                    number = len(owner.requests)
+                try:
+                    time.sleep(owner.delay)
+                    status, text, *extra = owner.responder(body)
+                finally:
+                    with lock:
+                        owner.in_flight -= 1
+                headers = {"retry-after-ms": "1", **(extra[0] if extra else {})}
+                if isinstance(text, Raw):
+                    data, kind = text.encode(), "text/html"
+                elif status == 200:
+                    data, kind = json.dumps(chat_completion(text, body.get("model", "test"), number)).encode(), \
+                        "application/json"
                 else:
-                    payload = {"error": {"message": text, "type": "test_error", "code": status}}
-                data = json.dumps(payload).encode()
+                    data = json.dumps({"error": {"message": text, "type": "test_error", "code": status}}).encode()
+                    kind = "application/json"
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
-                self.send_header("retry-after-ms", "1")
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128  # many clients connecting at once (the concurrency benchmark)
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -54,3 +87,7 @@ class OpenAIServer:
     def __exit__(self, *exc) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def serve_in_background(self) -> "OpenAIServer":
+        """Start serving (for use outside a ``with`` block, e.g. by a benchmark)."""
+        return self.__enter__()

@@ -280,3 +280,18 @@ def test_real_family_oracle_run(tmp_path, capsys):
 def test_data_folder_untouched(data_before):
     """Runs last: nothing above may have written into the shared data."""
     assert snapshot(DATA) == data_before
+
+
+def test_api_records_do_not_depend_on_concurrency(root, tmp_path):
+    from tests.test_llm_concurrency import fake_reflection
+
+    outputs = []
+    for n in (1, 4):
+        with OpenAIServer(fake_reflection, delay=0.01) as server:
+            args = _args(root, tmp_path / f"n{n}", api="local", base_url=server.url, model="m", num_episodes=3,
+                         horizon=5, max_concurrency=n)
+            assert reflection.main(args) == 0
+            assert server.max_in_flight == n  # an episode's reflections go out at once
+        (journal,) = (tmp_path / f"n{n}" / ".progress").glob("*.jsonl")
+        outputs.append(((tmp_path / f"n{n}" / "data_reflection.json").read_bytes(), journal.read_bytes()))
+    assert outputs[0] == outputs[1]

@@ -105,16 +105,29 @@ def test_api_tasks_keep_good_files_and_count_the_malformed(chain, tmp_path, caps
         assert gen_task.main(args) == 0
         asked = len(server.requests)
         prompts = [r["body"]["messages"][1]["content"] for r in server.requests]
-        assert gen_task.main(args) == 0  # journaled: nothing asked again
-        assert len(server.requests) == asked
+        assert gen_task.main(args) == 0  # journaled: only the malformed file is asked again
+        assert len(server.requests) == asked + gen_task.API_ATTEMPTS
     shallow = {(repo, f) for repo, kept in KEPT.items() for f in kept if f.count("/") <= 2}
-    assert asked == len(shallow)
+    assert asked == len(shallow) - 1 + gen_task.API_ATTEMPTS  # the malformed file was asked twice
     tasks = json.loads((tmp_path / "data.json").read_text())
     assert {(t["root"], t["filename"]) for t in tasks} == shallow - {("alpha", "contest.py")}
     assert all(t["answer"] == "It helps alpha." and t["model"] == "local-llm" for t in tasks)
     assert "malformed answers: 1" in capsys.readouterr().out
     assert any("data file" in p and "values.csv" in p for p in prompts)
     assert any("code file" in p and "core.py" in p for p in prompts)
+
+
+@pytest.mark.parametrize("answer", ["Question: What does this part do?\nAnswer: It helps alpha.",
+                                    "1. **Q:** What does this part do?\n   **A:** It helps alpha."])
+def test_api_tasks_read_question_answer_pairs_too(answer):
+    assert gen_task.parse_pairs(answer) == [("What does this part do?", "It helps alpha.")]
+
+
+def test_gen_task_with_no_task_at_all_fails(chain, tmp_path, capsys):
+    with OpenAIServer(lambda body: (200, "I would rather not.")) as server:
+        args = make(api="local", base_url=server.url, model="local-llm", repo_dir=chain.repos, output_dir=tmp_path)
+        assert gen_task.main(args) == 1
+    assert "no task was written" in capsys.readouterr().err
 
 
 def test_gen_task_resumes_to_the_same_output(chain, tmp_path, monkeypatch):
@@ -266,7 +279,10 @@ def test_api_reflections_and_unusable_answers(chain, tmp_path, capsys):
     (record,) = json.loads((tmp_path / "bad" / "data_reflection_negative.json").read_text())
     assert record["trajectories"] == [{"model_name": "local-llm", "trajectory": [], "filename": None,
                                        "info": "positive0"}]
-    assert "unusable answers: 3" in capsys.readouterr().out
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"[{reflection_negative.STEP}]")]
+    assert "unusable answers: 3" in summary[-1] and " positives:" not in summary[-1]  # an empty one is no positive
+    assert "empty positives (no usable answer; a re-run asks again): 1" in summary[-1]
+    assert len(server.requests) == 3 * reflection_negative.API_ATTEMPTS
 
 
 # --- split_data ----------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """The API backends against a local OpenAI-compatible server: answers, retries, errors, cache."""
 
+import json
+import socket
+import time
+
 import pytest
 
 from llm import ChatClient, LLMError, make_client
-from tests.openai_server import OpenAIServer
+from tests.openai_server import OpenAIServer, Raw
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 
@@ -88,3 +92,126 @@ def test_make_client_from_flags(make_args):
     assert make_client(make_args(api="oracle")) is None
     client = make_client(make_args(api="local", base_url="http://127.0.0.1:9/v1", model="qwen"))
     assert client.endpoint == "http://127.0.0.1:9/v1" and client.model == "qwen"
+
+
+# --- answers that must not be kept, and prompts that need not be sent twice ------------------
+
+
+def test_an_empty_answer_is_neither_cached_nor_final(tmp_path):
+    answers = iter([(200, ""), (200, "   "), (200, "a real answer")])
+    with OpenAIServer(lambda body: next(answers)) as server:
+        client = ChatClient("local", "m", base_url=server.url, cache_dir=str(tmp_path))
+        assert client.complete(MESSAGES, temperature=0.7) is None  # one attempt: empty
+        assert client.complete(MESSAGES, temperature=0.7, attempts=2) == "a real answer"  # asked again, not cached
+        assert len(server.requests) == 3
+    assert client.usage.empty == 2 and client.usage.answered == 1
+    assert [json.loads(p.read_text())["text"] for p in tmp_path.glob("*.json")] == ["a real answer"]
+
+
+def test_a_rejected_answer_is_asked_again_and_never_cached(tmp_path):
+    answers = iter(["Move south now.", "Head for the passenger.", "unused"])
+    with OpenAIServer(lambda body: (200, next(answers))) as server:
+        client = ChatClient("local", "m", base_url=server.url, cache_dir=str(tmp_path))
+        check = lambda text: "names the spoiler" if "south" in text.lower() else None  # noqa: E731
+        assert client.complete(MESSAGES, temperature=0.7, accept=check, attempts=3) == "Head for the passenger."
+        assert len(server.requests) == 2 and client.usage.rejected == 1
+        again = ChatClient("local", "m", base_url=server.url, cache_dir=str(tmp_path))
+        assert again.complete(MESSAGES, temperature=0.7, accept=check) == "Head for the passenger."
+        assert len(server.requests) == 2
+
+
+def test_a_prompt_at_temperature_zero_is_sent_once():
+    with OpenAIServer(lambda body: (200, "3")) as server:
+        client = ChatClient("local", "m", base_url=server.url)
+        assert [client.complete(MESSAGES) for _ in range(5)] == ["3"] * 5
+        assert client.complete(MESSAGES, temperature=0.7) == "3"
+        assert len(server.requests) == 2 and client.usage.cached == 4
+
+
+# --- errors say where, which model, and the server's reason ----------------------------------
+
+
+def test_unknown_model_names_the_model_and_the_server_reason():
+    detail = {"detail": "Server is pinned to 'smol'; requested 'gpt-4o'."}
+    with OpenAIServer(lambda body: (404, detail["detail"])) as server:
+        client = ChatClient("local", "gpt-4o", base_url=server.url)
+        with pytest.raises(LLMError) as error:
+            client.complete(MESSAGES)
+    message = str(error.value)
+    assert server.url in message and "'gpt-4o'" in message and "pinned to 'smol'" in message
+    assert "HTTP 404" in message and "--model" in message
+
+
+def test_401_on_a_local_server_hints_at_the_key_variable():
+    with OpenAIServer(lambda body: (401, "missing bearer token")) as server:
+        client = ChatClient("local", "m", base_url=server.url)
+        with pytest.raises(LLMError, match=r"authentication failed.*missing bearer token.*LOCAL_API_KEY"):
+            client.complete(MESSAGES)
+
+
+def test_a_hard_error_stops_every_other_request():
+    with OpenAIServer(lambda body: (401, "revoked")) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_concurrency=2)
+        with pytest.raises(LLMError):
+            client.complete_many([[{"role": "user", "content": str(i)}] for i in range(20)])
+        assert len(server.requests) <= 2  # the ones already on their way, no more
+        with pytest.raises(LLMError, match="revoked"):
+            client.complete([{"role": "user", "content": "later"}])
+        assert len(server.requests) <= 2
+
+
+def test_a_page_that_is_not_json_is_a_clear_error():
+    with OpenAIServer(lambda body: (200, Raw("<html>Gateway login</html>"))) as server:
+        client = ChatClient("local", "m", base_url=server.url)
+        with pytest.raises(LLMError, match=r"not a chat completion.*Gateway login"):
+            client.complete(MESSAGES)
+
+
+def test_nothing_listening_stops_within_seconds():
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = ChatClient("local", "m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=5)
+    start = time.monotonic()
+    with pytest.raises(LLMError, match=rf"nothing answers at --api=local at http://127.0.0.1:{port}/v1 \(model 'm'\)"):
+        client.complete(MESSAGES)
+    assert time.monotonic() - start < 5  # not five rounds of backoff
+
+
+def test_retry_after_is_honoured():
+    answers = iter([(429, "slow down", {"retry-after": "1", "retry-after-ms": "1000"}), (200, "ok")])
+    with OpenAIServer(lambda body: next(answers)) as server:
+        client = ChatClient("local", "m", base_url=server.url)
+        start = time.monotonic()
+        assert client.complete(MESSAGES) == "ok"
+        assert time.monotonic() - start >= 0.9
+    assert client.usage.retries == 1
+
+
+def test_base_url_is_used_with_api_openai(make_args, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with OpenAIServer(lambda body: (200, "proxied")) as server:
+        client = make_client(make_args(api="openai", base_url=server.url, model="gpt-4o"))
+        assert client.endpoint == server.url and client.complete(MESSAGES) == "proxied"
+        assert server.requests[0]["headers"]["authorization"] == "Bearer sk-test"
+
+
+# --- concurrency ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 3, 8])
+def test_complete_many_keeps_order_and_the_concurrency_limit(limit):
+    with OpenAIServer(lambda body: (200, "echo " + body["messages"][0]["content"]), delay=0.05) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_concurrency=limit)
+        chats = [[{"role": "user", "content": str(i)}] for i in range(16)]
+        assert client.complete_many(chats) == [f"echo {i}" for i in range(16)]
+        assert server.max_in_flight == limit
+    assert client.usage.in_flight == 0 and client.usage.progress()["done"] == 16
+
+
+def test_llm_max_tokens_caps_every_request(make_args):
+    with OpenAIServer(lambda body: (200, "ok")) as server:
+        client = make_client(make_args(api="local", base_url=server.url, llm_max_tokens=16))
+        client.complete(MESSAGES, max_tokens=120)
+        client.complete([{"role": "user", "content": "short"}], max_tokens=8)
+        assert [r["body"]["max_tokens"] for r in server.requests] == [16, 8]

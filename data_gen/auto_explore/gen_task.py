@@ -9,8 +9,9 @@ up to :data:`MAX_FILES_PER_REPO` files of depth <= :data:`MAX_TASK_DEPTH` are dr
 
 * API writers (``--api openai|azure|local``) get a code, text or data prompt (by file
   kind) with a random block of 50-2000 tokens of the file and answer with
-  ``QUERY: ...`` / ``ANSWER: ...`` lines. An answer without a pair gives no task for
-  that file; it is counted and logged, and (like every finished file) not asked again.
+  ``QUERY: ...`` / ``ANSWER: ...`` lines (``Question:``/``Answer:`` are read too). A file whose
+  answers hold no pair (two tries) gets no task; it is counted and logged, and a re-run asks again.
+  Files are asked for side by side (``--max_concurrency``).
 * ``--api oracle`` draws 1-3 questions from the file itself (Python symbols and
   docstrings via ``ast``, Markdown/RST headings, CSV/TSV columns, JSON/YAML top-level
   keys, names in other code, a text file's first line); the answer is the file's path.
@@ -18,6 +19,7 @@ up to :data:`MAX_FILES_PER_REPO` files of depth <= :data:`MAX_TASK_DEPTH` are dr
 
 Output: ``tasks/<repo>.json`` and ``tasks/data.json`` (all repos), in ``--output_dir``.
 Finished files are journaled (key: repo, path and content digest), so re-runs skip them.
+A run that writes no task at all ends with status 1.
 """
 
 import ast
@@ -32,11 +34,11 @@ from pathlib import Path
 import yaml
 
 from data_gen.auto_explore import TASKS_DIR, filtered_repos_dir, list_repos
-from data_gen.common import Journal, item_rng, journal_name, print_counts, write_json
+from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts, write_json
 from envs.auto_explore import optimal_path, target_depth
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
 from experiment_args import parse_args
-from llm import make_client, model_name, stops_on_llm_error
+from llm import make_client, model_name, stops_on_llm_error, workers
 from paths import file_digest
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,11 @@ PROMPTS = {
 }
 PROMPT_OF_KIND = {"code": "code", "exec": "code", "text": "text", "data": "data"}
 
-_PAIR_LINE = re.compile(r"^[\s>*#-]*(?:\d+[.)]\s*)?\**(QUERY|ANSWER)\**\s*[:：]\**\s*(.*)$", re.IGNORECASE)
+# "QUERY:"/"ANSWER:" as asked, and what models write instead: "Question:"/"Answer:", "Q:"/"A:", with
+# list markers, numbers or Markdown emphasis around them.
+_PAIR_LINE = re.compile(r"^[\s>*#-]*(?:\d+[.)]\s*)?\**(QUERY|QUESTION|Q|ANSWER|A)\**\s*\d*\s*[:：]\**\s*(.*)$",
+                        re.IGNORECASE)
+_QUERY_WORDS = ("QUERY", "QUESTION", "Q")
 
 
 def random_block(text: str, rng) -> str:
@@ -84,7 +90,8 @@ def random_block(text: str, rng) -> str:
 
 
 def parse_pairs(answer: str) -> list[tuple[str, str]]:
-    """(question, answer) pairs from ``QUERY:`` / ``ANSWER:`` lines; an answer may run over several lines."""
+    """(question, answer) pairs from ``QUERY:`` / ``ANSWER:`` lines (or ``Question:``/``Answer:``,
+    ``Q:``/``A:``); an answer may run over several lines."""
     pairs, query, lines, field = [], None, [], None
 
     def flush():
@@ -93,7 +100,7 @@ def parse_pairs(answer: str) -> list[tuple[str, str]]:
 
     for raw in answer.splitlines():
         match = _PAIR_LINE.match(raw)
-        if match and match.group(1).upper() == "QUERY":
+        if match and match.group(1).upper() in _QUERY_WORDS:
             flush()
             query, lines, field = " ".join(match.group(2).split()) or None, [], "query"
         elif match:
@@ -104,12 +111,16 @@ def parse_pairs(answer: str) -> list[tuple[str, str]]:
     return pairs
 
 
+API_ATTEMPTS = 2  # answers asked for one file before it is left without tasks (until a re-run)
+
+
 def api_pairs(client, repo: str, rel: str, text: str, rng) -> list[tuple[str, str]] | None:
-    """The writer's pairs for one file; None for an answer holding no pair."""
+    """The writer's pairs for one file; None when no answer (of :data:`API_ATTEMPTS`) held a pair."""
     prompt = PROMPTS[PROMPT_OF_KIND[file_kind(rel)]].format(path=rel, repo=repo, block=random_block(text, rng))
     answer = client.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
-                             temperature=0.7, max_tokens=600)
-    return parse_pairs(answer) or None
+                             temperature=0.7, max_tokens=600, attempts=API_ATTEMPTS,
+                             accept=lambda answer: None if parse_pairs(answer) else "no QUERY/ANSWER pair")
+    return None if answer is None else parse_pairs(answer)
 
 
 # --- oracle writer: questions drawn from the file itself ------------------------------------
@@ -311,8 +322,9 @@ def file_tasks(args, client, repo_path: Path, rel: str, digest: str, oracle_ques
         return {"status": "ok", "tasks": [make_task(oracle_questions[i], rel, rel, repo, model) for i in picked]}
     pairs = api_pairs(client, repo, rel, read_text(repo_path / rel), rng)
     if pairs is None:
-        logger.warning("%s/%s: the writer's answer holds no QUERY/ANSWER pair; no task for this file", repo, rel)
-        return {"status": "malformed", "tasks": []}
+        logger.warning("%s/%s: no answer of the writer held a QUERY/ANSWER pair; no task for this file "
+                       "(a re-run asks again)", repo, rel)
+        return Unfinished({"status": "malformed", "tasks": []}, "no QUERY/ANSWER pair")
     return {"status": "ok", "tasks": [make_task(q, a, rel, repo, model) for q, a in pairs]}
 
 
@@ -341,7 +353,8 @@ def main(args) -> int:
         for rel in sampled[repo]:
             digest = file_digest(repo_path / rel)
             items.append((f"{repo}/{rel}@{digest}", (repo_path, rel, digest, questions.get(rel))))
-    results = journal.run(items, lambda payload: file_tasks(args, client, *payload), desc="auto_explore tasks")
+    results = journal.run(items, lambda payload: file_tasks(args, client, *payload), desc="auto_explore tasks",
+                          workers=workers(args, client), status=client and client.usage.progress)
     by_repo = defaultdict(list)
     statuses = Counter()
     for (_, payload), result in zip(items, results):
@@ -362,6 +375,9 @@ def main(args) -> int:
     counts.update({f"depth {d}": n for d, n in sorted(depths.items())})
     counts["output"] = str(out_dir)
     print_counts(STEP, counts, client)
+    if not all_tasks:
+        print(f"[{STEP}] no task was written: the next steps would have nothing to work on", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,8 +5,9 @@ the writer drives an AutoExplore episode (no leave-out, ``--horizon``):
 
 * **positive** (``info: "positive0"``): at every step the writer reads the observation,
   writes a reflection and chooses one listed command, until it identifies a file or
-  runs out of steps. An API answer that names no listed command ends the trajectory
-  (counted); ``filename`` is then null.
+  runs out of steps. An API answer that names no listed command is asked again once; a
+  second one ends the trajectory (counted; ``filename`` is then null), and the task is not
+  journalled, so a re-run asks again. A positive trajectory with no step is counted apart.
 * **negatives** (``info: "negativeK"``, K = depth of the folder): for each folder on the
   way to the target, follow the optimal path to that folder, ``cat`` a wrong file there
   (a seeded choice; folders with no other file are skipped), and ask the writer for a
@@ -21,7 +22,8 @@ from the environment's next optimal command and the question.
 
 Output ``data_reflection_negative.json`` next to the task file (or in ``--output_dir``):
 each task with ``trajectories: [{model_name, trajectory: [{reflection, cmd}], filename,
-info}]``. Finished tasks are journaled, so a re-run resumes.
+info}]``. Finished tasks are journaled, so a re-run resumes. Tasks run side by side
+(``--max_concurrency``), each on an environment of its own.
 """
 
 import logging
@@ -32,11 +34,12 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
-from data_gen.common import Journal, item_rng, journal_name, print_counts, write_json
+from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts, write_json
+from envs import EnvPool
 from envs.auto_explore import AutoExploreEnv, load_tasks, optimal_path, task_targets
 from envs.base import rng_seed
 from experiment_args import parse_args
-from llm import make_client, model_name, stops_on_llm_error
+from llm import make_client, model_name, stops_on_llm_error, workers
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +91,19 @@ def parse_answer(answer: str, labels: list[str], actions: list[str]) -> tuple[st
     return None
 
 
+API_ATTEMPTS = 2  # answers asked for one step before the trajectory ends there (until a re-run)
+
+
 def api_step(client, env: AutoExploreEnv, obs: str, info: dict, note: str = "") -> tuple[str, str] | None:
+    """(reflection, command) of the writer's answer; None when no answer (of :data:`API_ATTEMPTS`) was usable."""
     user = obs + SPOILER.format(target=" or ".join(env.targets)) + note
+
+    def unusable(answer: str) -> str | None:
+        return None if parse_answer(answer, info["labels"], info["actions"]) else "no listed command"
+
     answer = client.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-                             temperature=0.7, max_tokens=200)
-    return parse_answer(answer, info["labels"], info["actions"])
+                             temperature=0.7, max_tokens=200, accept=unusable, attempts=API_ATTEMPTS)
+    return None if answer is None else parse_answer(answer, info["labels"], info["actions"])
 
 
 # --- oracle writer -----------------------------------------------------------------------------
@@ -225,12 +236,15 @@ def negatives(args, client, env: AutoExploreEnv, task: dict, rng, counts: Counte
     return made
 
 
-def task_trajectories(args, client, env: AutoExploreEnv, task: dict) -> dict:
+def task_trajectories(args, client, env: AutoExploreEnv, task: dict) -> dict | Unfinished:
+    """A task's positive trajectory and negatives; :class:`Unfinished` (a re-run asks again) when an
+    API writer gave no usable answer somewhere."""
     rng = item_rng(args.seed, "reflection_negative", task_key(task))
     counts: Counter = Counter()
     trajectories = [positive(args, client, env, task, rng, counts)]
     trajectories += negatives(args, client, env, task, rng, counts)
-    return {"trajectories": trajectories, "counts": dict(counts)}
+    result = {"trajectories": trajectories, "counts": dict(counts)}
+    return Unfinished(result, "unusable answers") if counts["unusable answers"] else result
 
 
 @stops_on_llm_error(STEP, "tasks")
@@ -238,22 +252,32 @@ def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data.json"
     tasks = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
-    env = AutoExploreEnv(horizon=args.horizon, leaveout_prob=0.0, repos_dir=filtered_repos_dir(args))
+    repos_dir = filtered_repos_dir(args)
+    pool = EnvPool(lambda: AutoExploreEnv(horizon=args.horizon, leaveout_prob=0.0, repos_dir=repos_dir))
     try:
         client = make_client(args)
-        journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, env.horizon))
+        with pool.env() as env:
+            horizon = env.horizon
+        journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, horizon))
         items = [(task_key(task), task) for task in tasks]
-        results = journal.run(items, lambda task: task_trajectories(args, client, env, task),
-                              desc="auto_explore trajectories")
+
+        def work(task: dict) -> dict | Unfinished:
+            with pool.env() as env:  # tasks run side by side, each on an environment of its own
+                return task_trajectories(args, client, env, task)
+
+        results = journal.run(items, work, desc="auto_explore trajectories", workers=workers(args, client),
+                              status=client and client.usage.progress)
     finally:
-        env.close()
+        pool.close()
     records = [dict(task, trajectories=result["trajectories"]) for task, result in zip(tasks, results)]
     path = out_dir / OUTPUT_NAME
     write_json(path, records)
     kinds = Counter()
     for record in records:
         for trajectory in record["trajectories"]:
-            if trajectory["info"].startswith("positive"):
+            if trajectory["info"].startswith("positive") and not trajectory["trajectory"]:
+                kinds["empty positives (no usable answer; a re-run asks again)"] += 1
+            elif trajectory["info"].startswith("positive"):
                 kinds["positives"] += 1
                 kinds["positives identifying a target"] += trajectory["filename"] in task_targets(record["filename"])
             else:
