@@ -49,8 +49,9 @@ KEY_HINT = {
     "azure": f"check ${KEY_ENV['azure']} and ${AZURE_URL_ENV}",
     "local": f"if the server wants a key, set ${KEY_ENV['local']}",
 }
-# httpx logs every request at INFO, which would break the progress bars.
-logging.getLogger("httpx").setLevel(logging.WARNING)
+# httpx (httpx2 in openai 3.x) logs every request at INFO, which would break the progress bars.
+for _name in ("httpx", "httpx2"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 class LLMError(RuntimeError):

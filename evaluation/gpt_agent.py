@@ -84,9 +84,10 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
         reply = client.complete(messages, temperature=temperature, max_tokens=64)
         label = None if reply is None else parse_choice(reply, info["labels"], info["actions"])
         if label is None:
+            if not unusable or unusable[-1]["answer"] != (reply or ""):  # a repeated one is not logged again
+                logger.info("episode %s (seed %d), step %d: unusable answer %.80r", start.level, start.seed,
+                            len(rewards), reply or "")
             unusable.append({"step": len(rewards), "answer": reply or ""})
-            logger.info("episode %s (seed %d), step %d: unusable answer %.80r", start.level, start.seed,
-                        len(rewards), reply or "")
         obs, reward, terminated, truncated, info = env.step(NO_LABEL if label is None else label)
         rewards.append(float(reward))
         if terminated or truncated:

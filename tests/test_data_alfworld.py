@@ -31,7 +31,7 @@ if not FIXTURE.is_dir() or not TOMATO.is_dir():
 
 from data_gen.alfworld import gen_sft, reflection  # noqa: E402
 from data_gen.alfworld.reflection import LastStep, Memory, journal_name, oracle_reflection  # noqa: E402
-from data_gen.common import Journal, item_rng  # noqa: E402
+from data_gen.common import Journal, item_rng, reflection_problem  # noqa: E402
 from envs.alfworld import ALFWorldEnv  # noqa: E402
 from envs.base import rng_seed  # noqa: E402
 from experiment_args import ScriptArguments  # noqa: E402
@@ -295,3 +295,21 @@ def test_api_records_do_not_depend_on_concurrency(root, tmp_path):
         (journal,) = (tmp_path / f"n{n}" / ".progress").glob("*.jsonl")
         outputs.append(((tmp_path / f"n{n}" / "data_reflection.json").read_bytes(), journal.read_bytes()))
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.slow
+def test_reflections_from_a_real_server(root, tmp_path, real_llm_server, capsys):
+    """SmolLM2-135M behind `transformers serve` writes the reflections of one game: whatever it answers,
+    no empty or spoiler-naming reflection is written, and every state is accounted for."""
+    args = _args(root, tmp_path, api="local", base_url=real_llm_server.url, model=real_llm_server.model,
+                 num_episodes=1, horizon=2, llm_max_tokens=24)
+    assert reflection.main(args) == 0
+    out = capsys.readouterr().out
+    records = json.loads((tmp_path / "data_reflection.json").read_text())
+    missing = int(out.split("states without a usable reflection (left out; a re-run asks again): ")[1].split(",")[0]) \
+        if "without a usable reflection" in out else 0
+    assert len(records) + missing == 2
+    for record in records:
+        assert record["reflection"].strip() and record["model"] == real_llm_server.model
+        assert reflection_problem(record["reflection"], record["command"]) is None
+    assert "LLM usage:" in out

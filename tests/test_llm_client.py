@@ -1,6 +1,7 @@
 """The API backends against a local OpenAI-compatible server: answers, retries, errors, cache."""
 
 import json
+import logging
 import socket
 import time
 
@@ -215,3 +216,9 @@ def test_llm_max_tokens_caps_every_request(make_args):
         client.complete(MESSAGES, max_tokens=120)
         client.complete([{"role": "user", "content": "short"}], max_tokens=8)
         assert [r["body"]["max_tokens"] for r in server.requests] == [16, 8]
+
+
+def test_requests_are_not_logged_line_by_line(caplog):
+    with OpenAIServer(lambda body: (200, "ok")) as server, caplog.at_level(logging.INFO):
+        ChatClient("local", "m", base_url=server.url).complete(MESSAGES)
+    assert not [r for r in caplog.records if r.name.startswith("httpx")]  # they would break the progress bars
