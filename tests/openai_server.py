@@ -4,7 +4,8 @@ Each request to ``/v1/chat/completions`` (or ``.../openai/deployments/<d>/chat/c
 for Azure) is answered by ``responder(body)``: ``(status, text_or_error)`` or
 ``(status, text_or_error, headers)``. A :class:`Raw` text is sent as it is (not as a chat
 completion). Every request is recorded in ``server.requests``; ``delay`` seconds are spent
-on each answer, and ``max_in_flight`` records how many were being answered at once.
+on each answer, ``max_in_flight`` records how many were being answered at once, and
+``first_request_at``/``last_answer_at`` (``time.monotonic()``) when requests began and ended.
 """
 
 import json
@@ -32,6 +33,8 @@ class OpenAIServer:
         self.delay = delay
         self.requests: list[dict] = []
         self.in_flight = self.max_in_flight = 0
+        self.first_request_at: float | None = None
+        self.last_answer_at: float | None = None
         lock = threading.Lock()
         owner = self
 
@@ -49,12 +52,15 @@ class OpenAIServer:
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
                     number = len(owner.requests)
+                    if owner.first_request_at is None:
+                        owner.first_request_at = time.monotonic()
                 try:
                     time.sleep(owner.delay)
                     status, text, *extra = owner.responder(body)
                 finally:
                     with lock:
                         owner.in_flight -= 1
+                        owner.last_answer_at = time.monotonic()
                 headers = {"retry-after-ms": "1", **(extra[0] if extra else {})}
                 if isinstance(text, Raw):
                     data, kind = text.encode(), "text/html"

@@ -40,6 +40,7 @@ OVERRIDES = {
     "benchmarks.enumeration": ["--runs=3"],
     "benchmarks.rollout_throughput": ["--reflect_max_new_tokens=4"],
     "benchmarks.rl_memory": ["--reflect_max_new_tokens=4"],
+    "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
 }
 USES_API = ("evaluation.evaluate_gpt", "evaluation.auto_explore_gpt")
 
