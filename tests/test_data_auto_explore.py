@@ -374,3 +374,30 @@ def test_gen_sft_for_a_model_with_its_own_alphabet(chain, digit_model):
         prompt, label = paper.rsplit(ACTION_MARKER, 1)
         expected = relabel(prompt, AutoExploreEnv.action_head, alphabet) + ACTION_MARKER
         assert mine == expected + alphabet[LABELS.index(label)]
+
+
+def _writer(body):
+    """A deterministic API writer for both steps: a pair for a task prompt, the optimal command
+    (by the spoiler) for a trajectory step; the answer depends only on the prompt."""
+    prompt = body["messages"][1]["content"]
+    if "QUERY:" in prompt:
+        return 200, f"QUERY: What is in part {len(prompt) % 97}?\nANSWER: It helps."
+    return _api_agent(body)
+
+
+def test_api_steps_do_not_depend_on_concurrency(chain, tmp_path):
+    task = {"question": "Which file defines the function `run`?", "answer": "pkg/core.py", "optimal_path": [],
+            "filename": "pkg/core.py", "root": "alpha", "n_level": 1, "model": "oracle"}
+    task["optimal_path"] = optimal_path(task)
+    outputs = []
+    for n in (1, 5):
+        out = tmp_path / f"n{n}"
+        write(out / "traj" / "data.json", json.dumps([task, dict(task, question="Where is `run`?")]))
+        with OpenAIServer(_writer, delay=0.01) as server:
+            common = dict(api="local", base_url=server.url, model="local-llm", repo_dir=chain.repos, max_concurrency=n)
+            assert gen_task.main(make(output_dir=out / "tasks", **common)) == 0
+            assert reflection_negative.main(make(task_file=out / "traj" / "data.json", **common)) == 0
+            assert server.max_in_flight == n
+        outputs.append([(out / name).read_bytes() for name in
+                        ("tasks/data.json", "traj/data_reflection_negative.json")])
+    assert outputs[0] == outputs[1]

@@ -159,13 +159,16 @@ def test_api_evaluation_failure_is_one_line_and_resumes(make_args, tmp_path, cap
     assert (first / "results.json").read_text() == (fresh / "results.json").read_text()
 
 
-def test_auto_explore_api_evaluation(make_args, tmp_path, capsys):
-    repo = tmp_path / "repo"
+@pytest.mark.parametrize("relative_root", [False, True])
+def test_auto_explore_api_evaluation(make_args, tmp_path, capsys, relative_root):
+    repo = tmp_path / "repos" / "repo"
     (repo / "src").mkdir(parents=True)
     (repo / "src" / "core.py").write_text("def core():\n    return 'the core function'\n")
     (repo / "README.md").write_text("# Repo\nA test repository for the API evaluation.\n")
+    # A task names its repository relative to --repo_dir (as the data steps write them), or absolutely.
     task = {"question": "Where is core defined?", "answer": "src/core.py", "filename": "src/core.py",
-            "root": str(repo), "n_level": 1, "optimal_path": ["cd src", "cat core.py", "id core.py"]}
+            "root": "repo" if relative_root else str(repo), "n_level": 1,
+            "optimal_path": ["cd src", "cat core.py", "id core.py"]}
     task_file = tmp_path / "test.json"
     task_file.write_text(json.dumps([task]))
 
@@ -179,7 +182,8 @@ def test_auto_explore_api_evaluation(make_args, tmp_path, capsys):
         return 200, "no idea"
 
     with OpenAIServer(responder) as server:
-        args = make_args(task_file=str(task_file), eval_reps=2, api="local", base_url=server.url)
+        args = make_args(task_file=str(task_file), eval_reps=2, api="local", base_url=server.url,
+                         repo_dir=str(tmp_path / "repos") if relative_root else None)
         assert auto_explore_gpt.main(args) == 0
     out = capsys.readouterr().out
     assert "depth 1: success (n)" in out and "| local:gpt-4 | 100.0% (2) |" in out
