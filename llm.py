@@ -172,7 +172,7 @@ class ChatClient:
             if problem is None:
                 self._remember(key, temperature, text)
                 return text
-            logger.info("%s answer %d of %d unusable (%s): %.80r", self.model, attempt + 1, attempts, problem, text)
+            logger.debug("%s answer %d of %d unusable (%s): %.80r", self.model, attempt + 1, attempts, problem, text)
         return None
 
     def complete_many(self, chats: list[list[dict]], *, accepts: list | None = None, **options) -> list[str | None]:
