@@ -73,14 +73,15 @@ class ModelArguments(_Group):
         "Adapter directory of the frozen reflection model. Reflection is used iff this is given "
         "(unless --reflect says otherwise).", aliases=["--reflectload_dir"])
     use_peft: bool = _arg(True, "Train LoRA adapters (peft) instead of all weights.")
-    peft_lora_r: int = _arg(64, "LoRA rank.")
-    peft_lora_alpha: int = _arg(16, "LoRA alpha.")
+    peft_lora_r: int = _arg(64, "LoRA rank.", aliases=["--lora_r"])
+    peft_lora_alpha: int = _arg(16, "LoRA alpha.", aliases=["--lora_alpha"])
     lora_dropout: float = _arg(0.1, "LoRA dropout.")
     lora_target_modules: list[str] | None = _arg(
         None, "Module names LoRA adapts (default: peft's choice for the architecture).")
     load_in_8bit: bool = _arg(
-        True, "Load the base model in 8 bits (bitsandbytes; CUDA only, ignored on CPU).")
-    load_in_4bit: bool = _arg(False, "Load the base model in 4 bits (bitsandbytes; CUDA only).")
+        True, "Load the base model in 8 bits (bitsandbytes; CUDA only, ignored on CPU).", aliases=["--use_8bit"])
+    load_in_4bit: bool = _arg(False, "Load the base model in 4 bits (bitsandbytes; CUDA only).",
+                              aliases=["--use_4bit"])
     bf16: bool = _arg(True, "Compute in bfloat16 (CUDA; on a CPU only with --cpu_bf16, else fp32).")
     cpu_bf16: bool = _arg(
         False, "Without CUDA, compute in bfloat16 on the CPU: about 2x faster forward passes where the CPU has "
@@ -118,6 +119,8 @@ class OptimArguments(_Group):
         0.0, "Warm-up fraction of SFT; needs a schedule with warm-up, e.g. constant_with_warmup (the paper's "
         "0.03 did nothing under its constant schedule).")
     max_steps: int = _arg(2000, "SFT optimiser steps, or RL iterations.")
+    optim: str = _arg("adamw_torch", "SFT optimiser, a transformers TrainingArguments.optim name (the paper: "
+                      "paged_adamw_32bit, bitsandbytes on CUDA; without CUDA it falls back to adamw_torch).")
     per_device_train_batch_size: int = _arg(4, "SFT batch size per device.")
     gradient_accumulation_steps: int = _arg(1, "SFT gradient accumulation steps.")
     seed: int = _arg(42, "Seed of every random generator of the run.")
@@ -149,6 +152,9 @@ class EnvArguments(_Group):
     with_prompt: bool = _arg(False, "Taxi: start the observation with the rule description.")
     with_history: bool = _arg(
         False, "Taxi: show the initial grid and each step's action and grid, not just action names.")
+    pickup_reward: Literal["replace", "add"] = _arg(
+        "replace", "Taxi: the first pickup's reward is +20 (replace: the paper's environment, 1.0 after "
+        "scaling) or +20 on top of the move's -1 (add: 0.95, this project's rule before the parity review).")
     easy: bool = _arg(False, "AutoExplore: the question is 'Find <file>'.")
     first_step: bool = _arg(
         False, "Train the first decision only (a contextual bandit; AutoExplore and Taxi).")
@@ -190,7 +196,8 @@ class RLArguments(_Group):
         "decided by the data's markers).")
     reflect_prob: float = _arg(
         1.0, "Probability that a step's policy prompt includes a reflection.")
-    reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.")
+    reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.",
+                                       aliases=["--max_new_tokens"])
     temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
     top_p: float = _arg(1.0, "Nucleus sampling of the reflection: keep the smallest set of tokens of total "
                         "probability >= TOP_P (1: off, the paper's default).")
@@ -202,8 +209,8 @@ class RLArguments(_Group):
         50, "Recent successful episodes kept for replay (0 turns replay off).")
     replay_batch_size: int = _arg(
         4, "Replayed episodes trained on per iteration alongside the fresh ones.")
-    ppo_clip: float = _arg(0.1, "PPO ratio clip.")
-    ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.")
+    ppo_clip: float = _arg(0.1, "PPO ratio clip.", aliases=["--ppo_clip_coef"])
+    ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.", aliases=["--ppo_update_iter"])
     refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.")
     entropy_coef: float = _arg(
         0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
@@ -339,6 +346,11 @@ class LoggingArguments(_Group):
     ckpt_path: str = _arg(
         str(RESULTS_DIR), "Folder holding the run directories <id>_<script>/.")
     save_steps: int = _arg(100, "Checkpoint every this many SFT steps or RL iterations.")
+    save_total_limit: int | None = _arg(
+        None, "Keep only the newest N checkpoints of an SFT or RL run (default: all; the paper: 10).")
+    preset: Literal["paper"] | None = _arg(
+        None, "paper: every setting that parity.py lists takes the paper's value (explicit flags and --config "
+        "still win); setting.yml records the resolved values.")
     logging_steps: int = _arg(10, "SFT: log the loss every this many steps.")
     expdirs: list[str] | None = _arg(
         None, "visualization.plot: run directories to plot (NAME=DIR sets the legend label).")
@@ -347,5 +359,5 @@ class LoggingArguments(_Group):
         None, "YAML file of flag values; explicit command-line flags override it.")
 
     def __post_init__(self) -> None:
-        _at_least(self, 1, "save_steps", "logging_steps")
+        _at_least(self, 1, "save_steps", "logging_steps", "save_total_limit")
         super().__post_init__()

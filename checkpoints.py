@@ -132,6 +132,19 @@ def save_checkpoint(
     return directory
 
 
+def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest ``keep`` ``checkpoint-N/`` folders of a run (``--save_total_limit``;
+    None keeps all); returns the deleted folders."""
+    if keep is None:
+        return []
+    found = sorted((p for p in Path(run_dir).glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()),
+                   key=lambda p: int(p.name[11:]))
+    doomed = found[:-keep] if keep else found
+    for folder in doomed:
+        shutil.rmtree(folder)
+    return doomed
+
+
 def load_checkpoint(
     directory: str | Path,
     optimizer: torch.optim.Optimizer | None = None,

@@ -95,7 +95,11 @@ HORIZON = 10
 WORKERS = 2
 
 LEVEL = 0  # pickup
-TASK = ["--env=taxi", "--taxi_curriculum", f"--curriculum_index={LEVEL}", f"--horizon={HORIZON}"]
+# The first pickup's reward of the runs behind the README's table: +20 on top of the move's -1 (0.95).
+# The paper's environment (and the default now) replaces it (1.0); see README, "Parity with the paper's code".
+PICKUP_REWARD = "add"
+TASK = ["--env=taxi", "--taxi_curriculum", f"--curriculum_index={LEVEL}", f"--horizon={HORIZON}",
+        f"--pickup_reward={PICKUP_REWARD}"]
 ROWS = ("SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "Reflect-RL")
 FINISHED = "finished.json"  # in a seed's folder: its results and the budget they were made with
 SFT_ROLES = {"reflector": "sft_reflection.jsonl", "policy": "sft_policy.jsonl", "plain": "sft.jsonl"}

@@ -40,6 +40,7 @@ from arg_groups import (
 )
 from checkpoints import SETTINGS_FILE
 from errors import UsageError
+from parity import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +101,14 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
         with ``--cpu_bf16``."""
         off = ("load_in_8bit", "load_in_4bit", "fp16") + (() if self.cpu_bf16 else ("bf16",))
         wanted = [name for name in off if getattr(self, name)]
-        if not (wanted or self.cpu_bf16) or _cuda_available():
+        cuda_optim = self.optim.startswith("paged_") or "8bit" in self.optim  # bitsandbytes optimisers
+        if not (wanted or self.cpu_bf16 or cuda_optim) or _cuda_available():
             return
         for name in wanted:
             setattr(self, name, False)  # part of parsing: the instance is not handed out before this
+        if cuda_optim:
+            wanted.append(f"optim={self.optim} (now adamw_torch)")
+            self.optim = "adamw_torch"
         self.bf16 = self.cpu_bf16
         if self.cpu_bf16 and _cpu_native_bf16() is False:
             logger.warning("--cpu_bf16: this CPU reports no native bfloat16 (avx512_bf16, amx_bf16); bfloat16 is "
@@ -251,6 +256,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--resume_from")
+    pre.add_argument("--preset")
     known, _ = pre.parse_known_args(argv)
     try:
         config = _load_yaml(Path(known.config), "--config") if known.config else {}
@@ -259,9 +265,13 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
         saved = {}
         if resume_from:
             saved = _load_yaml(Path(resume_from) / SETTINGS_FILE, "--resume_from")
+        # Precedence, lowest first: a resumed run's settings, the preset, --config, the command line.
+        preset = known.preset or config.get("preset") or saved.get("preset")
+        preset_argv = _to_argv(PRESETS.get(preset, {}), f"--preset={preset}")
         (args,) = parser.parse_args_into_dataclasses(
             args=_to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
-                          f"--resume_from: {resume_from}/{SETTINGS_FILE}") + explicit, look_for_args_file=False)
+                          f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit,
+            look_for_args_file=False)
         if env is not None:
             require_env(args, env, parser.prog)
         if args.resume_from:

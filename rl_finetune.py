@@ -218,6 +218,7 @@ class Recorder:
                 state={"ranks": ranks, "nan_skips": progress.nan_skips, "truncated": progress.truncated,
                        "level": level},
                 files={"episodes.jsonl": "".join(json.dumps(e) + "\n" for e in logs)})
+            checkpoints.prune_checkpoints(self.run_dir, self.args.save_total_limit)
         self.window = []
 
     def close(self, progress: Progress) -> None:

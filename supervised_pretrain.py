@@ -170,6 +170,8 @@ def main(args) -> int:
         max_grad_norm=args.max_grad_norm,
         logging_steps=args.logging_steps,
         save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
+        optim=args.optim,
         bf16=args.bf16,
         fp16=args.fp16,
         seed=args.seed,

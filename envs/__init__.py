@@ -42,7 +42,8 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
     """
     kwargs: dict = {"horizon": args.horizon, "shuffle_action": args.shuffle_action, "labels": labels}
     if args.env == "taxi":
-        kwargs.update(with_prompt=args.with_prompt, with_history=args.with_history, first_step=args.first_step)
+        kwargs.update(with_prompt=args.with_prompt, with_history=args.with_history, first_step=args.first_step,
+                      pickup_reward=args.pickup_reward)
     elif args.env == "auto_explore":
         # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
         kwargs.update(leaveout_prob=0.0 if evaluation else args.leaveout_prob, easy=args.easy,

@@ -4,8 +4,9 @@ The MDP is gymnasium's own; this module only renders it as text and changes the 
 
 * **dangerous rule**: an action that leaves the state unchanged (driving into a wall,
   an illegal pickup or drop-off) gives -10 and ends the episode;
-* **pickup bonus**: in the ``pickup`` and ``full`` curricula the first successful
-  pickup earns +20 on top of the step's reward, once;
+* **pickup reward**: in the ``pickup`` and ``full`` curricula the first successful pickup's
+  reward *is* +20 (``pickup_reward="replace"``, the paper's environment), or +20 on top of
+  the step's -1 (``"add"``, this project's earlier rule), once;
 * every reward is divided by 20.
 
 Curricula: ``pickup`` ends at the pickup; ``dropoff`` starts with the passenger in the
@@ -30,6 +31,7 @@ REWARD_SCALE = 20.0
 DANGER_REWARD = -10.0
 MOVE_REWARD = -1.0  # gymnasium's reward of a move (before scaling): what a wasted step costs
 PICKUP_BONUS = 20.0
+PICKUP_REWARDS = ("replace", "add")  # the first pickup's reward is the bonus, or the bonus plus the step's
 
 RULES = """\
 You are driving a taxi in a 5x5 grid city (the map below; '|' is a wall, ':' is open road).
@@ -57,9 +59,12 @@ class DangerousTaxiEnv(TextEnv):
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = FULL,
                  with_prompt: bool = False, with_history: bool = False, first_step: bool = False,
-                 render_mode: str | None = None, labels=None):
+                 render_mode: str | None = None, labels=None, pickup_reward: str = "replace"):
         if curriculum not in CURRICULA:
             raise ValueError(f"curriculum must be one of {CURRICULA}, got {curriculum!r}")
+        if pickup_reward not in PICKUP_REWARDS:
+            raise ValueError(f"pickup_reward must be one of {PICKUP_REWARDS}, got {pickup_reward!r}")
+        self.pickup_reward = pickup_reward
         self.curriculum = curriculum
         self.with_prompt = with_prompt
         self.with_history = with_history
@@ -112,7 +117,7 @@ class DangerousTaxiEnv(TextEnv):
         else:
             picked_up = action == PICKUP and _passenger(self._taxi, after) == IN_TAXI
             if picked_up and self._stage != "dropoff" and not self._bonus_paid:
-                reward += PICKUP_BONUS
+                reward = PICKUP_BONUS + (reward if self.pickup_reward == "add" else 0.0)
                 self._bonus_paid = True
             terminated = delivered or (self._stage == "pickup" and picked_up)
         self.state = after

@@ -24,7 +24,8 @@ from checkpoints import run_dirs
 
 GOLDEN = Path(__file__).parent / "golden" / "learner_runs.json"
 COMMON = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=3,
-              per_device_train_batch_size=4, learning_rate=1e-3, horizon=4, max_steps=3, save_steps=3, seed=7)
+              per_device_train_batch_size=4, learning_rate=1e-3, horizon=4, max_steps=3, save_steps=3, seed=7,
+              pickup_reward="add")  # the Taxi rule of the golden runs' time (the paper's is "replace")
 CASES = {
     "pg_none_replay": dict(trainer="pg", baseline="none", replay_batch_size=2, curriculum_index=None,
                            taxi_curriculum=False, first_step=True),

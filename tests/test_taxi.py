@@ -75,7 +75,8 @@ def test_safe_random_actions_agree_with_gymnasium(seed):
         assert env.state == state
         bonus = PICKUP_BONUS if passenger_before != 4 and raw.decode(state)[2] == 4 and bonus_steps == 0 else 0.0
         bonus_steps += bonus > 0
-        assert reward * REWARD_SCALE == pytest.approx(base_reward + bonus)
+        # The paper's rule: the first pickup's reward is the bonus itself (it replaces the step's -1).
+        assert reward * REWARD_SCALE == pytest.approx(bonus if bonus else base_reward)
         assert terminated == raw_done
         grid = split_observation(env.observation, env.action_head)[0].split("--- Current State ---\n")[1]
         assert grid == render_grid(raw, state)
@@ -107,12 +108,13 @@ def test_dangerous_moves_end_the_episode(setup, action):
     assert reward == DANGER_REWARD / REWARD_SCALE
 
 
-def test_pickup_bonus_is_paid_once():
-    env = make_env("taxi", horizon=50)
+@pytest.mark.parametrize(("rule", "first_pickup"), [("replace", 1.0), ("add", 0.95)])
+def test_pickup_bonus_is_paid_once(rule, first_pickup):
+    env = make_env("taxi", horizon=50, pickup_reward=rule)
     env.reset(seed=0)
     _place(env, 0, 0, 0, 2)  # at R with the passenger, destination Y
     _, reward, terminated, *_ = env.step("4")
-    assert reward == pytest.approx((-1 + PICKUP_BONUS) / REWARD_SCALE) and not terminated
+    assert reward == pytest.approx(first_pickup) and not terminated
     _place(env, 0, 4, 4, 2)  # drive (teleport) to G and drop the passenger at the wrong depot: legal
     _, reward, terminated, *_ = env.step("5")
     assert reward == pytest.approx(-1 / REWARD_SCALE) and not terminated
@@ -128,7 +130,7 @@ def test_pickup_curriculum_ends_at_pickup_and_dropoff_has_no_bonus():
         if terminated or truncated:
             break
     assert terminated and info["success"] and env._taxi.decode(env.state)[2] == 4
-    assert reward == pytest.approx((-1 + PICKUP_BONUS) / REWARD_SCALE)
+    assert reward == pytest.approx(PICKUP_BONUS / REWARD_SCALE)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -164,8 +166,8 @@ def test_success_thresholds_use_total_cost():
         env.step(label)
     env.step("1")  # north to (0,1)
     _, _, terminated, _, info = env.step("3")  # west to R: 20 steps, not yet picked up
-    _, _, terminated, _, info = env.step("4")  # pickup at step 21: cost = (20 - 19) / 20 > 0
-    assert terminated and not info["success"] and info["cost"] == pytest.approx(1 / 20)
+    _, _, terminated, _, info = env.step("4")  # pickup at step 21: cost = (20 - 20) / 20, not below 0
+    assert terminated and not info["success"] and info["cost"] == pytest.approx(0.0)
 
 
 def test_horizon_truncates():

@@ -1,0 +1,134 @@
+"""Parity with the paper's code: its flag names, `--preset paper` (value by value in setting.yml, for
+each environment), checkpoint clean-up, and the README's table, generated from parity.py."""
+
+import json
+import re
+import shutil
+
+import pytest
+import yaml
+
+import checkpoints
+import parity
+import rl_finetune
+import supervised_pretrain as sft
+from experiment_args import ScriptArguments, parse_args
+from paths import SHARED_DIR
+from prompts import policy_sft_text
+from tests.auto_explore_repos import build_repo, make_task
+from tests.conftest import REPO
+from tests.test_sft import HEAD, OBS, _write
+
+PAPER = parity.PRESETS["paper"]
+FIXTURE = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
+
+
+def test_the_papers_flag_names_are_accepted():
+    args = parse_args(["--lora_r=8", "--lora_alpha=32", "--use_8bit=False", "--use_4bit=False", "--max_new_tokens=7",
+                       "--trainer=ppo", "--ppo_clip_coef=0.2", "--ppo_update_iter=5", "--scenario=taxi"])
+    assert (args.peft_lora_r, args.peft_lora_alpha, args.load_in_8bit, args.load_in_4bit) == (8, 32, False, False)
+    assert (args.reflect_max_new_tokens, args.ppo_clip, args.ppo_epochs, args.env) == (7, 0.2, 5, "taxi")
+
+
+def test_every_preset_key_is_a_setting_with_a_row():
+    fields = {f for f in ScriptArguments.__dataclass_fields__}
+    rows = {d.setting: d for d in parity.DEVIATIONS if d.setting}
+    assert set(PAPER) == set(rows) and set(PAPER) <= fields
+    for key, value in PAPER.items():
+        assert rows[key].paper_value == value and rows[key].why and rows[key].paper and rows[key].ours
+
+
+def test_the_readme_table_is_the_generated_one():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Parity with the paper's code\n", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|")) + "\n"
+    assert table == parity.markdown_table(), "README's parity table differs from parity.markdown_table()"
+
+
+def _expected(key):
+    """The paper's value, as this machine can run it (without CUDA bitsandbytes optimisers fall back)."""
+    import torch
+
+    if key == "optim" and not torch.cuda.is_available():
+        return "adamw_torch"
+    return PAPER[key]
+
+
+def test_preset_paper_sets_every_value_and_explicit_flags_win(tmp_path):
+    args = parse_args(["--preset=paper", "--env=taxi"])
+    assert {key: getattr(args, key) for key in PAPER} == {key: _expected(key) for key in PAPER}
+    assert parse_args(["--preset", "paper", "--horizon=7"]).horizon == 7  # the command line wins
+    config = tmp_path / "run.yaml"
+    config.write_text("per_device_eval_batch_size: 6\n")
+    assert parse_args(["--preset=paper", f"--config={config}"]).per_device_eval_batch_size == 6
+    assert parse_args([]).horizon is None  # no preset: our defaults
+
+
+def _rl_argv(tmp_path, env_argv):
+    return ["--preset=paper", "--model_name=tiny-gpt2", f"--ckpt_path={tmp_path / 'results'}", "--max_steps=1",
+            "--save_steps=1", "--reflect_max_new_tokens=4", *env_argv]
+
+
+def _auto_explore_argv(tmp_path):
+    repo = build_repo(tmp_path / "repos" / "repo")
+    task_file = tmp_path / "tasks.json"
+    task_file.write_text(json.dumps([dict(make_task(repo), root="repo")]))
+    return ["--env=auto_explore", f"--task_file={task_file}", f"--repo_dir={tmp_path / 'repos'}"]
+
+
+def _alfworld_argv(tmp_path):
+    root = tmp_path / "alfworld"
+    shutil.copytree(FIXTURE, root / "train" / FIXTURE.parent.name / FIXTURE.name)
+    return ["--env=alfworld", f"--alfworld_data={root}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["taxi", "auto_explore", "alfworld"])
+def test_preset_paper_runs_and_records_the_papers_values(tmp_path, env_name):
+    if env_name == "alfworld":
+        pytest.importorskip("alfworld")
+        if not FIXTURE.is_dir():
+            pytest.skip("no ALFWorld fixture in ../shared/alfworld")
+    env_argv = {"taxi": lambda: ["--env=taxi"], "auto_explore": lambda: _auto_explore_argv(tmp_path),
+                "alfworld": lambda: _alfworld_argv(tmp_path)}[env_name]()
+    assert rl_finetune.main(parse_args(_rl_argv(tmp_path, env_argv))) == 0
+    (run,) = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
+    settings = yaml.safe_load((run / checkpoints.SETTINGS_FILE).read_text())
+    assert settings["preset"] == "paper"
+    for key in PAPER:
+        assert settings[key] == _expected(key), key
+    episodes = (run / "checkpoint-1" / "episodes.jsonl").read_text().splitlines()
+    assert len(episodes) == PAPER["per_device_eval_batch_size"]
+    assert all(len(json.loads(e)["steps"]) <= PAPER["horizon"] for e in episodes)
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(make_args, tmp_path):
+    args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=True,
+                     per_device_eval_batch_size=2, max_steps=4, save_steps=1, save_total_limit=2)
+    assert rl_finetune.main(args) == 0
+    (run,) = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+
+    task_file = _write(tmp_path / "sft.jsonl", [policy_sft_text(OBS, HEAD, "0")] * 8)
+    assert sft.main(make_args(task_file=task_file, max_steps=3, save_steps=1, save_total_limit=1)) == 0
+    (sft_run,) = checkpoints.run_dirs(tmp_path / "results", "supervised_pretrain")
+    assert [p.name for p in sft_run.glob("checkpoint-*")] == ["checkpoint-3"]
+
+
+def test_prune_checkpoints_orders_by_number(tmp_path):
+    for step in (2, 10, 9, 100):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-notes").mkdir()
+    removed = checkpoints.prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in removed) == ["checkpoint-2", "checkpoint-9"]
+    assert checkpoints.prune_checkpoints(tmp_path, None) == []
+
+
+def test_cuda_optimisers_fall_back_on_a_cpu(monkeypatch, caplog):
+    monkeypatch.setattr("experiment_args._cuda_available", lambda: False)
+    args = ScriptArguments(optim="paged_adamw_32bit")
+    assert args.optim == "adamw_torch"
+    args.report_cpu_fallback()
+    assert re.search(r"--optim=paged_adamw_32bit \(now adamw_torch\)", caplog.text)
+    monkeypatch.setattr("experiment_args._cuda_available", lambda: True)
+    assert ScriptArguments(optim="paged_adamw_32bit").optim == "paged_adamw_32bit"
