@@ -198,6 +198,9 @@ class RLArguments(_Group):
         1.0, "Probability that a step's policy prompt includes a reflection.")
     reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.",
                                        aliases=["--max_new_tokens"])
+    reflect_one_line: bool = _arg(
+        True, "Stop a generated reflection at its first newline and keep it on one line, as the SFT data is "
+        "(--no_reflect_one_line: only EOS or the token cap stop it, its lines kept whole, as the paper's code).")
     temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
     top_p: float = _arg(1.0, "Nucleus sampling of the reflection: keep the smallest set of tokens of total "
                         "probability >= TOP_P (1: off, the paper's default).")

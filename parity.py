@@ -28,6 +28,10 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation("horizon", "15 steps in every environment", "the environment's own: Taxi 20, AutoExplore 15, "
               "ALFWorld 30", "Taxi's full task can need more than 15 moves; ALFWorld's expert plans often do",
               "horizon", 15),
+    Deviation("reflections", "generated until EOS or the token cap, kept whole (several lines)",
+              "stopped at the first newline, one line", "the SFT data's reflections are one line (the writers "
+              "write them so), so the reflector learns to end at the newline; more lines are text it never saw",
+              "reflect_one_line", False),
     Deviation("RL episodes per iteration", "4", "8",
               "the batched rollout plays 8 episodes 2.7x faster per episode than one at a time "
               "(benchmarks.rollout_throughput), and the gradient is less noisy", "per_device_eval_batch_size", 4),

@@ -53,24 +53,26 @@ def reflection_prompt(obs: str, action_head: str, instruction: str = "") -> str:
     return instruction + before + ANALYZE_MARKER
 
 
-def policy_prompt(obs: str, action_head: str, reflection: str | None = None) -> str:
+def policy_prompt(obs: str, action_head: str, reflection: str | None = None, one_line: bool = True) -> str:
     """What the policy reads; its next token is the choice label."""
     if reflection is None:
         return obs + ACTION_MARKER
     before, after = split_observation(obs, action_head)
-    return before + ANALYZE_MARKER + clean_reflection(reflection) + after + ACTION_MARKER
+    return before + ANALYZE_MARKER + clean_reflection(reflection, one_line) + after + ACTION_MARKER
 
 
-def clean_reflection(text: str) -> str:
-    """A reflection as it appears in prompts: cut at any marker, one line, newline-terminated.
-
-    Keeping reflections on one line lets generation stop at the first newline.
+def clean_reflection(text: str, one_line: bool = True) -> str:
+    """A reflection as it appears in prompts: cut at any marker, newline-terminated, and on one line
+    (``one_line``: generation then stops at the first newline) or with its lines kept whole (the
+    paper's code; ``--no_reflect_one_line``), their trailing spaces and blank lines dropped.
     """
     for marker in (ACTION_MARKER.strip(), ANALYZE_MARKER.strip()):
         index = text.find(marker)
         if index >= 0:
             text = text[:index]
-    return " ".join(text.split()) + "\n"
+    if one_line:
+        return " ".join(text.split()) + "\n"
+    return "".join(line.rstrip() + "\n" for line in text.strip().splitlines() if line.strip()) or "\n"
 
 
 def reflection_sft_text(obs: str, action_head: str, reflection: str, instruction: str = "") -> str:

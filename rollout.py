@@ -208,7 +208,7 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
 class TwoPlayerRollout:
     def __init__(self, policy, tokenizer, *, reflector=None, reflect_tokenizer=None, reflect_prob: float = 1.0,
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
-                 greedy: bool = False, top_p: float = 1.0, top_k: int = 0):
+                 greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -218,7 +218,8 @@ class TwoPlayerRollout:
         self.greedy = greedy
         self.stats = RolloutStats()
         _silence_unpadded_generate_warning()
-        newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False)
+        self.one_line = reflect_one_line
+        newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False) if reflect_one_line else []
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
 
     @property
@@ -231,7 +232,8 @@ class TwoPlayerRollout:
         """The rollout the flags describe (the same for RL, evaluation and the benchmarks)."""
         return cls(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                    reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
-                   reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k)
+                   reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
+                   reflect_one_line=args.reflect_one_line)
 
     # --- the two players ----------------------------------------------------------------
 
@@ -259,7 +261,7 @@ class TwoPlayerRollout:
         self.stats.reflection_prompt_tokens += encoded.tokens
         self.stats.reflection_new_tokens += int((new != self.reflect_tokenizer.pad_token_id).sum())
         texts = self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)
-        return [clean_reflection(text) for text in texts]
+        return [clean_reflection(text, self.one_line) for text in texts]
 
     @torch.no_grad()
     def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator) -> list[Choice]:
@@ -297,7 +299,7 @@ class TwoPlayerRollout:
                 slot.check_replay()
             free = [slot for slot in running if not slot.replaying]
             self._reflect(free, rng, step_seed)
-            prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection) for slot in free]
+            prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection, self.one_line) for slot in free]
             valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
             for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
                 slot.decide(prompt, labels, choice)

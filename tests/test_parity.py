@@ -132,3 +132,26 @@ def test_cuda_optimisers_fall_back_on_a_cpu(monkeypatch, caplog):
     assert re.search(r"--optim=paged_adamw_32bit \(now adamw_torch\)", caplog.text)
     monkeypatch.setattr("experiment_args._cuda_available", lambda: True)
     assert ScriptArguments(optim="paged_adamw_32bit").optim == "paged_adamw_32bit"
+
+
+def test_reflections_kept_whole_as_the_paper_does(tiny_path):
+    from prompts import clean_reflection, policy_prompt
+    from rollout import TwoPlayerRollout
+    from tests.test_sft import HEAD, OBS
+
+    text = "The taxi is at row 2.  \n\nThe passenger waits at R. # Action:\n3"
+    assert clean_reflection(text) == "The taxi is at row 2. The passenger waits at R.\n"
+    assert clean_reflection(text, one_line=False) == "The taxi is at row 2.\nThe passenger waits at R.\n"
+    assert "row 2.\nThe passenger" in policy_prompt(OBS, HEAD, text, one_line=False)
+
+    import models
+    from experiment_args import ScriptArguments
+
+    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), trainable=False)
+    newline = tokenizer.encode("\n")
+    one_line = TwoPlayerRollout(policy, tokenizer, reflector=policy)
+    whole = TwoPlayerRollout.from_args(parse_args(["--model_name=tiny-gpt2", "--no_reflect_one_line"]), policy,
+                                       tokenizer, reflector=policy)
+    assert one_line._stop_ids == [tokenizer.eos_token_id, *newline] and whole._stop_ids == [tokenizer.eos_token_id]
+    reflections = whole.reflect([OBS + " # Analyze:\n"] * 2, seed=0)
+    assert all(r.endswith("\n") for r in reflections)
