@@ -212,6 +212,9 @@ class RLArguments(_Group):
         50, "Recent successful episodes kept for replay (0 turns replay off).")
     replay_batch_size: int = _arg(
         4, "Replayed episodes trained on per iteration alongside the fresh ones.")
+    pg_normalize: Literal["episodes", "decisions"] = _arg(
+        "episodes", "PG: divide the batch's summed loss by its episodes (the gradient of the mean episode cost) "
+        "or by its decisions (the paper's code).")
     ppo_clip: float = _arg(0.1, "PPO ratio clip.", aliases=["--ppo_clip_coef"])
     ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.", aliases=["--ppo_update_iter"])
     refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.")

@@ -53,6 +53,7 @@ RESUME_MAY_CHANGE = ("max_steps", "save_steps", "logging_steps", "ckpt_path", "r
 _ONLY_WITH = {
     "replay_buffer_size": ("--trainer pg", lambda a: a.trainer == "pg"),
     "replay_batch_size": ("--trainer pg", lambda a: a.trainer == "pg"),
+    "pg_normalize": ("--trainer pg", lambda a: a.trainer == "pg"),
     "ppo_clip": ("--trainer ppo", lambda a: a.trainer == "ppo"),
     "ppo_epochs": ("--trainer ppo", lambda a: a.trainer == "ppo"),
     "refuel_eta": ("--trainer refuel", lambda a: a.trainer == "refuel"),

@@ -51,7 +51,8 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "each curriculum level", "the replayed batch is trained with the fresh one",
               "not yet available (issue 14 open)"),
     Deviation("PG loss normalisation", "divided by the number of decisions", "by the number of episodes",
-              "not yet available (issue 14 open)"),
+              "the gradient of the mean episode cost; per decision, an episode's weight shrinks as the batch's "
+              "episodes grow longer", "pg_normalize", "decisions"),
     Deviation("AutoExplore SFT targets", "the task's file and the files the LLM found relevant",
               "the task's file", "not yet available (issue 14 open)"),
     Deviation("invalid label", "never masked: a wasted step", "masked out of the label head",

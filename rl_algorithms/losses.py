@@ -23,9 +23,10 @@ def cost_to_go(costs: Sequence[float]) -> list[float]:
 
 
 def pg_loss(logprobs: torch.Tensor, costs_to_go: torch.Tensor, baseline: torch.Tensor | float,
-            num_episodes: int) -> torch.Tensor:
-    """REINFORCE on the cost-to-go: sum_t log pi(a_t|s_t) (Q_t - b), per episode."""
-    return (logprobs * (costs_to_go - baseline)).sum() / num_episodes
+            normaliser: int) -> torch.Tensor:
+    """REINFORCE on the cost-to-go: sum_t log pi(a_t|s_t) (Q_t - b), divided by ``normaliser`` (the
+    batch's episodes, or its decisions)."""
+    return (logprobs * (costs_to_go - baseline)).sum() / normaliser
 
 
 def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, costs_to_go: torch.Tensor,

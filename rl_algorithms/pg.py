@@ -24,11 +24,13 @@ class PolicyGradient(Learner):
         replayed = [Episode.from_dict(e) for e in self.replay.sample(self.args.replay_batch_size, rng)]
         batch = episodes + replayed
         decisions, q = flat_decisions(batch)
+        # --pg_normalize: the summed loss per episode (ours) or per decision (the paper's code)
+        norm = len(batch) if self.args.pg_normalize == "episodes" else len(decisions)
         total, critic_total = 0.0, 0.0
         for scored in self.score(decisions):
             q_chunk = q[scored.start:scored.start + len(scored.decisions)].to(scored.logprobs.device)
-            loss = pg_loss(scored.logprobs, q_chunk, self.baseline(q.to(q_chunk.device), scored.values), len(batch))
-            loss = loss - self.entropy_bonus(scored, len(batch))
+            loss = pg_loss(scored.logprobs, q_chunk, self.baseline(q.to(q_chunk.device), scored.values), norm)
+            loss = loss - self.entropy_bonus(scored, norm)
             if scored.values is not None:
                 critic_loss = value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
                 critic_total += critic_loss.item()

@@ -155,3 +155,21 @@ def test_reflections_kept_whole_as_the_paper_does(tiny_path):
     assert one_line._stop_ids == [tokenizer.eos_token_id, *newline] and whole._stop_ids == [tokenizer.eos_token_id]
     reflections = whole.reflect([OBS + " # Analyze:\n"] * 2, seed=0)
     assert all(r.endswith("\n") for r in reflections)
+
+
+def test_pg_normalised_per_decision_as_the_paper(make_args, tmp_path):
+    losses, sizes = {}, {}
+    for norm in ("episodes", "decisions"):
+        args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=4,
+                         horizon=5, max_steps=1, save_steps=1, replay_buffer_size=0, pg_normalize=norm,
+                         ckpt_path=str(tmp_path / norm))
+        assert rl_finetune.main(args) == 0
+        (run,) = checkpoints.run_dirs(tmp_path / norm, "rl_finetune")
+        losses[norm] = next(json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                            if "loss" in json.loads(line))
+        episodes = [json.loads(e) for e in (run / "checkpoint-1" / "episodes.jsonl").read_text().splitlines()]
+        sizes[norm] = (len(episodes), sum(len(e["steps"]) for e in episodes))
+    assert sizes["episodes"] == sizes["decisions"]  # the same episodes, seeded
+    episodes, decisions = sizes["episodes"]
+    assert decisions > episodes
+    assert losses["decisions"] * decisions == pytest.approx(losses["episodes"] * episodes, rel=1e-5)
