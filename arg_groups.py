@@ -336,6 +336,10 @@ class EvalArguments(_Group):
     runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
     eval_load_list: str | None = _arg(
         None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.")
+    gpt_protocol: Literal["two_turn", "one_turn"] = _arg(
+        "two_turn", "API-model evaluation: at each step the model first reflects, then acts, in one conversation "
+        "holding the episode so far (two_turn, the paper's protocol), or answers each observation alone "
+        "with an action at temperature 0 (one_turn).")
 
     def __post_init__(self) -> None:
         _at_least(self, 1, "eval_reps", "runs", "eval_panel")

@@ -58,7 +58,8 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation("invalid label", "never masked: a wasted step", "masked out of the label head",
               "an answer outside the list teaches nothing; API models still pay a wasted step"),
     Deviation("GPT baselines", "two turns per step: reflect, then act, with the episode's history",
-              "one turn at temperature 0", "not yet available (issue 14 open)"),
+              "the same by default; `one_turn` answers each observation alone",
+              "one turn is cheaper and isolates the model's reading of a single state", "gpt_protocol", "two_turn"),
     Deviation("scripts", "checkpoint clean-up, log ensembling, brute-force and ReAct agents",
               "checkpoint clean-up (`--save_total_limit`)", "the others are not yet available (issue 14 open)"),
 )

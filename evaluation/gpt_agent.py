@@ -1,7 +1,9 @@
 """An API model (OpenAI, Azure, or a local OpenAI-compatible server) playing our environments.
 
 It sees the same observations as the trained policy, behind a more detailed instruction
-(in-context models need the rules spelled out), and answers with a choice label. Its
+(in-context models need the rules spelled out), and answers with a choice label: by default
+after reflecting on the episode so far, in one conversation per episode (the paper's
+two-turn protocol), or with ``--gpt_protocol one_turn`` straight from each observation. Its
 answers are parsed leniently ("3", "3.", "Action 3", "Action: c", "(b)", or the
 command's own text). An answer that is empty or names no listed action is never mapped to an
 action: it is counted and logged as unusable and played as a label outside the list, a wasted
@@ -42,6 +44,9 @@ INSTRUCTIONS = {
 }
 ANSWER_RULE = ("Reply with the label of exactly one action from the list (the text before the '.' of its "
                "line), for example: Action: 3")
+REFLECT_RULE = ("Before you act, reflect in at most two sentences: what has happened so far and what you should "
+                "do next, and why. Do not name an action label yet.")
+PROTOCOLS = ("two_turn", "one_turn")
 
 _EXPLICIT = re.compile(r"\b(?:action|choice|answer|option|label|command)\s*(?:is|:|#|=)?\s*\(?([0-9]{1,3}|[A-Za-z])\)?"
                        r"(?![A-Za-z0-9])", re.IGNORECASE)
@@ -73,15 +78,31 @@ NO_LABEL = "\u00d8"  # a label no environment lists: how an unusable answer is p
 
 
 def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: EpisodeStart,
-                 temperature: float = 0.0) -> dict:
+                 temperature: float = 0.0, protocol: str = "two_turn") -> dict:
     """One episode played by the API model: its outcome, the rewards of its steps, how many answers
-    the model gave, and the unusable ones (step and text), as a journal entry."""
+    the model gave, and the unusable ones (step and text), as a journal entry.
+
+    ``two_turn`` (the paper's protocol): one conversation per episode; at each step the model reads
+    the observation, writes a reflection, then answers with an action. ``one_turn``: each step is
+    a fresh chat of the instruction and the observation, answered with an action.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"--gpt_protocol must be one of {PROTOCOLS}, got {protocol!r}")
     obs, info = env.reset(seed=start.seed, options=start.options)
-    rewards, unusable = [], []
+    rewards, unusable, reflections = [], [], []
+    conversation = [{"role": "system", "content": INSTRUCTIONS[env_name]}]
     while True:
-        messages = [{"role": "system", "content": INSTRUCTIONS[env_name]},
-                    {"role": "user", "content": f"{obs}\n{ANSWER_RULE}"}]
+        if protocol == "one_turn":
+            messages = [*conversation, {"role": "user", "content": f"{obs}\n{ANSWER_RULE}"}]
+        else:
+            conversation.append({"role": "user", "content": f"{obs}\n{REFLECT_RULE}"})
+            reflection = client.complete(conversation, temperature=temperature, max_tokens=120) or ""
+            reflections.append(" ".join(reflection.split()))
+            conversation += [{"role": "assistant", "content": reflection}, {"role": "user", "content": ANSWER_RULE}]
+            messages = conversation
         reply = client.complete(messages, temperature=temperature, max_tokens=64)
+        if protocol == "two_turn":
+            conversation.append({"role": "assistant", "content": reply or ""})
         label = None if reply is None else parse_choice(reply, info["labels"], info["actions"])
         if label is None:
             if not unusable or unusable[-1]["answer"] != (reply or ""):  # a repeated one is not logged again
@@ -92,7 +113,8 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
         rewards.append(float(reward))
         if terminated or truncated:
             return {"level": start.level, "seed": start.seed, "success": bool(info["success"]),
-                    "cost": float(info["cost"]), "rewards": rewards, "answers": len(rewards), "unusable": unusable}
+                    "cost": float(info["cost"]), "rewards": rewards, "answers": len(rewards), "unusable": unusable,
+                    "reflections": reflections}
 
 
 def as_episode(played: dict, start: EpisodeStart) -> Episode:

@@ -43,12 +43,12 @@ def _evaluate(args, script: str, reps: int) -> int:
             starts = test_episodes(args, env, reps)
         # The journal is the model's (api, name), not the address's: a restarted server resumes it.
         settings = (args.env, sorted(env_kwargs(args, evaluation=True).items()),
-                    [episode_key(start) for start in starts], INSTRUCTIONS[args.env])
+                    [episode_key(start) for start in starts], INSTRUCTIONS[args.env], args.gpt_protocol)
         journal = Journal(args.ckpt_path, journal_name(script, f"{args.api}-{args.model}", args.seed, *settings))
 
         def play(start: EpisodeStart) -> dict:
             with pool.env() as env:
-                return play_episode(client, env, args.env, start, temperature=0.0)
+                return play_episode(client, env, args.env, start, temperature=0.0, protocol=args.gpt_protocol)
 
         played = journal.run([(episode_key(start), start) for start in starts], play,
                              desc=f"{args.model} on {args.env}", workers=client.max_concurrency,
@@ -65,7 +65,7 @@ def _report(args, script: str, client, starts: list[EpisodeStart], played: list[
     unusable = [dict(level=episode["level"], seed=episode["seed"], **answer)
                 for episode in played for answer in episode["unusable"]]
     empty = sum(not answer["answer"].strip() for answer in unusable)
-    name = f"{args.api}:{args.model}"
+    name = f"{args.api}:{args.model}" + (" (one turn)" if args.gpt_protocol == "one_turn" else "")
     episodes = [as_episode(episode, start) for episode, start in zip(played, starts)]
     results = [{"name": name, "levels": summarise(episodes), "answers": answers, "unusable_answers": len(unusable),
                 "empty_answers": empty}]

@@ -9,7 +9,7 @@ import yaml
 import metrics
 import models
 from evaluation import auto_explore_gpt, evaluate, evaluate_gpt
-from evaluation.gpt_agent import parse_choice
+from evaluation.gpt_agent import ANSWER_RULE, REFLECT_RULE, parse_choice
 from tests.openai_server import OpenAIServer
 from visualization import plot
 
@@ -93,7 +93,7 @@ def _taxi_responder(body):
 
 def _gpt_eval(make_args, url, **overrides):
     values = dict(env="taxi", runs=3, api="local", base_url=url, model="local-model", taxi_curriculum=True,
-                  curriculum_index=0, horizon=8)
+                  curriculum_index=0, horizon=8, gpt_protocol="one_turn")
     values.update(overrides)
     return make_args(**values)
 
@@ -105,7 +105,7 @@ def test_taxi_api_evaluation_counts_and_charges_unusable_answers(make_args, tmp_
         prompt = server.requests[0]["body"]["messages"]
         prompts = [json.dumps(request["body"]["messages"]) for request in server.requests]
     out = capsys.readouterr().out
-    assert "local:local-model on taxi: 3 episodes" in out
+    assert "local:local-model (one turn) on taxi: 3 episodes" in out
     (run_dir,) = (tmp_path / "results").glob("*_evaluate_gpt")
     results = json.loads((run_dir / "results.json").read_text())[0]
     unusable = [json.loads(line) for line in (run_dir / "unusable_answers.jsonl").read_text().splitlines()]
@@ -159,8 +159,8 @@ def test_api_evaluation_failure_is_one_line_and_resumes(make_args, tmp_path, cap
     assert (first / "results.json").read_text() == (fresh / "results.json").read_text()
 
 
-@pytest.mark.parametrize("relative_root", [False, True])
-def test_auto_explore_api_evaluation(make_args, tmp_path, capsys, relative_root):
+@pytest.mark.parametrize(("relative_root", "protocol"), [(False, "one_turn"), (True, "two_turn")])
+def test_auto_explore_api_evaluation(make_args, tmp_path, capsys, relative_root, protocol):
     repo = tmp_path / "repos" / "repo"
     (repo / "src").mkdir(parents=True)
     (repo / "src" / "core.py").write_text("def core():\n    return 'the core function'\n")
@@ -173,8 +173,13 @@ def test_auto_explore_api_evaluation(make_args, tmp_path, capsys, relative_root)
     task_file.write_text(json.dumps([task]))
 
     def responder(body):
-        """Go down the optimal path: answer with the first of its commands that is listed."""
-        listing = body["messages"][1]["content"].split("# Choose from below your command\n")[1]
+        """Go down the optimal path: answer with the first of its commands that is listed (after a
+        reflection, when asked for one)."""
+        asks = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        if asks[-1].endswith(REFLECT_RULE):
+            return 200, "I should go down towards the file that defines core."
+        observation = next(a for a in reversed(asks) if "# Choose from below your command" in a)
+        listing = observation.split("# Choose from below your command\n")[1]
         commands = dict(reversed(line.split(". ", 1)) for line in listing.splitlines() if ". " in line)
         for wanted in ("id core.py", "cat core.py", "cd src"):
             if wanted in commands:
@@ -183,10 +188,29 @@ def test_auto_explore_api_evaluation(make_args, tmp_path, capsys, relative_root)
 
     with OpenAIServer(responder) as server:
         args = make_args(task_file=str(task_file), eval_reps=2, api="local", base_url=server.url,
-                         repo_dir=str(tmp_path / "repos") if relative_root else None)
+                         repo_dir=str(tmp_path / "repos") if relative_root else None, gpt_protocol=protocol)
         assert auto_explore_gpt.main(args) == 0
     out = capsys.readouterr().out
-    assert "depth 1: success (n)" in out and "| local:gpt-4 | 100.0% (2) |" in out
+    name = "local:gpt-4" + (" (one turn)" if protocol == "one_turn" else "")
+    assert "depth 1: success (n)" in out and f"| {name} | 100.0% (2) |" in out
+
+
+def test_two_turn_protocol_reflects_then_acts_in_one_conversation(make_args, tmp_path):
+    def responder(body):
+        last = body["messages"][-1]["content"]
+        return 200, ("The taxi should find the passenger first." if last.endswith(REFLECT_RULE) else "Action: 1")
+
+    with OpenAIServer(responder) as server:
+        args = _gpt_eval(make_args, server.url, runs=1, horizon=3, gpt_protocol="two_turn")
+        assert evaluate_gpt.main(args) == 0
+        chats = [request["body"]["messages"] for request in server.requests]
+    roles = [[m["role"] for m in chat] for chat in chats]
+    assert roles[0] == ["system", "user"] and chats[0][1]["content"].endswith(REFLECT_RULE)
+    assert roles[1] == ["system", "user", "assistant", "user"] and chats[1][3]["content"] == ANSWER_RULE
+    assert chats[1][2]["content"] == "The taxi should find the passenger first."
+    # The next step continues the same conversation: the first step's reflection and action are in it.
+    assert roles[2] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert chats[2][4]["content"] == "Action: 1" and chats[2][5]["content"].endswith(REFLECT_RULE)
 
 
 def test_oracle_api_is_refused(make_args):
