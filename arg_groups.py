@@ -35,7 +35,8 @@ def _at_least(args, minimum, *names: str) -> None:
 
 def _positive(args, *names: str) -> None:
     for name in names:
-        need(getattr(args, name) > 0, name, f"must be > 0, got {getattr(args, name)}")
+        value = getattr(args, name)
+        need(value is None or value > 0, name, f"must be > 0, got {value}")
 
 
 def _probability(args, *names: str) -> None:
@@ -82,6 +83,11 @@ class ModelArguments(_Group):
         True, "Load the base model in 8 bits (bitsandbytes; CUDA only, ignored on CPU).", aliases=["--use_8bit"])
     load_in_4bit: bool = _arg(False, "Load the base model in 4 bits (bitsandbytes; CUDA only).",
                               aliases=["--use_4bit"])
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = _arg("nf4", "4-bit quantisation type (with --load_in_4bit).")
+    bnb_4bit_compute_dtype: Literal["float16", "bfloat16", "float32"] | None = _arg(
+        None, "Compute dtype of 4-bit layers (default: that of --bf16/--fp16).")
+    use_nested_quant: bool = _arg(False, "Quantise the 4-bit quantisation constants too (double quantisation).")
+    disable_dropout: bool = _arg(False, "Set every dropout of the trained model, LoRA's included, to 0.")
     bf16: bool = _arg(True, "Compute in bfloat16 (CUDA; on a CPU only with --cpu_bf16, else fp32).")
     cpu_bf16: bool = _arg(
         False, "Without CUDA, compute in bfloat16 on the CPU: about 2x faster forward passes where the CPU has "
@@ -119,6 +125,9 @@ class OptimArguments(_Group):
         0.0, "Warm-up fraction of SFT; needs a schedule with warm-up, e.g. constant_with_warmup (the paper's "
         "0.03 did nothing under its constant schedule).")
     max_steps: int = _arg(2000, "SFT optimiser steps, or RL iterations.")
+    group_by_length: bool = _arg(False, "SFT: batch texts of similar length together (less padding).")
+    num_train_epochs: float | None = _arg(
+        None, "SFT: passes over the data; given, it replaces --max_steps for SFT (the paper's flag).")
     optim: str = _arg("adamw_torch", "SFT optimiser, a transformers TrainingArguments.optim name (the paper: "
                       "paged_adamw_32bit, bitsandbytes on CUDA; without CUDA it falls back to adamw_torch).")
     per_device_train_batch_size: int = _arg(4, "SFT batch size per device.")
@@ -126,7 +135,7 @@ class OptimArguments(_Group):
     seed: int = _arg(42, "Seed of every random generator of the run.")
 
     def __post_init__(self) -> None:
-        _positive(self, "learning_rate", "max_grad_norm")
+        _positive(self, "learning_rate", "max_grad_norm", "num_train_epochs")
         _at_least(self, 0, "weight_decay")
         _at_least(self, 1, "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps")
         need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
@@ -336,10 +345,11 @@ class EvalArguments(_Group):
     runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
     eval_load_list: str | None = _arg(
         None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.")
-    gpt_protocol: Literal["two_turn", "one_turn"] = _arg(
+    gpt_protocol: Literal["two_turn", "one_turn", "react"] = _arg(
         "two_turn", "API-model evaluation: at each step the model first reflects, then acts, in one conversation "
-        "holding the episode so far (two_turn, the paper's protocol), or answers each observation alone "
-        "with an action at temperature 0 (one_turn).")
+        "holding the episode so far (two_turn, the paper's protocol); answers with a thought and an action in "
+        "one conversation (react, the paper's ReAct baseline); or answers each observation alone with an "
+        "action (one_turn).")
 
     def __post_init__(self) -> None:
         _at_least(self, 1, "eval_reps", "runs", "eval_panel")

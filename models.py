@@ -186,7 +186,10 @@ def load_model_and_tokenizer(
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_8bit=args.load_in_8bit,
             load_in_4bit=args.load_in_4bit,
-            bnb_4bit_compute_dtype=compute_dtype(args),
+            bnb_4bit_compute_dtype=getattr(torch, args.bnb_4bit_compute_dtype) if args.bnb_4bit_compute_dtype
+            else compute_dtype(args),
+            bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=args.use_nested_quant,
         )
         kwargs["device_map"] = {"": device()}
     whole_model = adapter_dir is not None and _is_whole_model(adapter_dir)
@@ -226,12 +229,25 @@ def load_model_and_tokenizer(
         )
         with _quiet_peft():
             model = get_peft_model(model, config)
+    if args.disable_dropout:
+        disable_dropout(model)
     if not trainable:
         model.requires_grad_(False)
         model.eval()
     if shrink_head:
         shrink_lm_head(model, label_token_ids(tokenizer))
     return model, tokenizer
+
+
+def disable_dropout(model: nn.Module) -> int:
+    """Set every dropout of ``model`` (the base model's and LoRA's) to p = 0 (``--disable_dropout``, the
+    paper's flag): training then sees the same network as sampling. Returns how many were changed."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            module.p = 0.0
+            changed += 1
+    return changed
 
 
 def _check_lora_targets(model, target_modules) -> None:

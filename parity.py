@@ -61,7 +61,20 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "the same by default; `one_turn` answers each observation alone",
               "one turn is cheaper and isolates the model's reading of a single state", "gpt_protocol", "two_turn"),
     Deviation("scripts", "checkpoint clean-up, log ensembling, brute-force and ReAct agents",
-              "checkpoint clean-up (`--save_total_limit`)", "the others are not yet available (issue 14 open)"),
+              "checkpoint clean-up (`--save_total_limit`), the ReAct agent (`--gpt_protocol react`)",
+              "log ensembling and the brute-force agent are not yet available (issue 14 open)"),
+    Deviation("oracle reflection writer", "GPT-4 told the best action as a spoiler",
+              "`--api oracle` writes the situation and the BFS/expert plan, naming the next move",
+              "an offline, deterministic stand-in for GPT-4; API writers get the paper's spoiler prompt, and "
+              "reflections that quote it are asked again"),
+    Deviation("AutoExplore step costs", "outputs with Error/Warning keywords cost extra",
+              "a cost table per outcome (error 2, warning 1, a step 1)", "not yet one flag away (issue 14 open)"),
+    Deviation("RL data subsets", "`--few_data`", "absent", "not yet available (issue 14 open)"),
+    Deviation("critic flags", "`--use_critic`, `--critic_update_freq`, `--critic_update_iter`, `--shared_critic`, "
+              "`--critic_layer_type`", "`--baseline critic`: a linear value head on the policy's hidden state, "
+              "trained with every update", "other critic schedules are not yet available (issue 14 open)"),
+    Deviation("model cache folder", "`--cache_dir`", "the `HF_HOME`/`HF_HUB_CACHE` environment variables",
+              "the hub reads them for every tool at once"),
 )
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -160,7 +160,9 @@ def main(args) -> int:
     print(f"[supervised_pretrain] output directory: {run_dir}", flush=True)
     training_args = TrainingArguments(
         output_dir=str(run_dir),
-        max_steps=args.max_steps,
+        max_steps=-1 if args.num_train_epochs is not None else args.max_steps,
+        num_train_epochs=args.num_train_epochs if args.num_train_epochs is not None else 1.0,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         learning_rate=args.learning_rate,

@@ -3,7 +3,8 @@
 It sees the same observations as the trained policy, behind a more detailed instruction
 (in-context models need the rules spelled out), and answers with a choice label: by default
 after reflecting on the episode so far, in one conversation per episode (the paper's
-two-turn protocol), or with ``--gpt_protocol one_turn`` straight from each observation. Its
+two-turn protocol), as a ReAct agent (``--gpt_protocol react``: a thought and an action per
+answer), or with ``--gpt_protocol one_turn`` straight from each observation. Its
 answers are parsed leniently ("3", "3.", "Action 3", "Action: c", "(b)", or the
 command's own text). An answer that is empty or names no listed action is never mapped to an
 action: it is counted and logged as unusable and played as a label outside the list, a wasted
@@ -46,7 +47,9 @@ ANSWER_RULE = ("Reply with the label of exactly one action from the list (the te
                "line), for example: Action: 3")
 REFLECT_RULE = ("Before you act, reflect in at most two sentences: what has happened so far and what you should "
                 "do next, and why. Do not name an action label yet.")
-PROTOCOLS = ("two_turn", "one_turn")
+REACT_RULE = ("Answer in exactly this format:\nThought: <what you have learned and what to do next, in one or two "
+              "sentences>\nAction: <the label of exactly one action from the list>")
+PROTOCOLS = ("two_turn", "one_turn", "react")
 
 _EXPLICIT = re.compile(r"\b(?:action|choice|answer|option|label|command)\s*(?:is|:|#|=)?\s*\(?([0-9]{1,3}|[A-Za-z])\)?"
                        r"(?![A-Za-z0-9])", re.IGNORECASE)
@@ -83,7 +86,8 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
     the model gave, and the unusable ones (step and text), as a journal entry.
 
     ``two_turn`` (the paper's protocol): one conversation per episode; at each step the model reads
-    the observation, writes a reflection, then answers with an action. ``one_turn``: each step is
+    the observation, writes a reflection, then answers with an action. ``react`` (the paper's ReAct
+    baseline): one conversation; each answer is a thought and an action. ``one_turn``: each step is
     a fresh chat of the instruction and the observation, answered with an action.
     """
     if protocol not in PROTOCOLS:
@@ -94,6 +98,9 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
     while True:
         if protocol == "one_turn":
             messages = [*conversation, {"role": "user", "content": f"{obs}\n{ANSWER_RULE}"}]
+        elif protocol == "react":  # one conversation; each answer is a thought, then the action
+            conversation.append({"role": "user", "content": f"{obs}\n{REACT_RULE}"})
+            messages = conversation
         else:
             conversation.append({"role": "user", "content": f"{obs}\n{REFLECT_RULE}"})
             reflection = client.complete(conversation, temperature=temperature, max_tokens=120) or ""
@@ -101,8 +108,11 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
             conversation += [{"role": "assistant", "content": reflection}, {"role": "user", "content": ANSWER_RULE}]
             messages = conversation
         reply = client.complete(messages, temperature=temperature, max_tokens=64)
-        if protocol == "two_turn":
+        if protocol != "one_turn":
             conversation.append({"role": "assistant", "content": reply or ""})
+        if protocol == "react":
+            thought = re.search(r"thought\s*:\s*(.*?)(?:\n\s*action\s*:|$)", reply or "", re.IGNORECASE | re.DOTALL)
+            reflections.append(" ".join(thought.group(1).split()) if thought else "")
         label = None if reply is None else parse_choice(reply, info["labels"], info["actions"])
         if label is None:
             if not unusable or unusable[-1]["answer"] != (reply or ""):  # a repeated one is not logged again

@@ -65,7 +65,8 @@ def _report(args, script: str, client, starts: list[EpisodeStart], played: list[
     unusable = [dict(level=episode["level"], seed=episode["seed"], **answer)
                 for episode in played for answer in episode["unusable"]]
     empty = sum(not answer["answer"].strip() for answer in unusable)
-    name = f"{args.api}:{args.model}" + (" (one turn)" if args.gpt_protocol == "one_turn" else "")
+    name = f"{args.api}:{args.model}" + {"two_turn": "", "one_turn": " (one turn)", "react": " (ReAct)"}[
+        args.gpt_protocol]
     episodes = [as_episode(episode, start) for episode, start in zip(played, starts)]
     results = [{"name": name, "levels": summarise(episodes), "answers": answers, "unusable_answers": len(unusable),
                 "empty_answers": empty}]

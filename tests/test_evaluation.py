@@ -9,7 +9,7 @@ import yaml
 import metrics
 import models
 from evaluation import auto_explore_gpt, evaluate, evaluate_gpt
-from evaluation.gpt_agent import ANSWER_RULE, REFLECT_RULE, parse_choice
+from evaluation.gpt_agent import ANSWER_RULE, REACT_RULE, REFLECT_RULE, parse_choice
 from tests.openai_server import OpenAIServer
 from visualization import plot
 
@@ -231,3 +231,15 @@ def test_plot_overlays_runs(tmp_path):
     with pytest.raises(ValueError, match="--expdirs"):
         plot.plot([], tmp_path / "none.png")
     assert list(plot.moving_average([1, 2, 3, 4], 2)) == [1.0, 1.5, 2.5, 3.5]
+
+
+def test_react_protocol_reads_thought_then_action(make_args, tmp_path, capsys):
+    with OpenAIServer(lambda body: (200, "Thought: the passenger is north of me.\nAction: 1")) as server:
+        args = _gpt_eval(make_args, server.url, runs=1, horizon=3, gpt_protocol="react")
+        assert evaluate_gpt.main(args) == 0
+        chats = [request["body"]["messages"] for request in server.requests]
+    assert chats[0][-1]["content"].endswith(REACT_RULE) and len(chats[1]) == len(chats[0]) + 2
+    assert chats[1][2] == {"role": "assistant", "content": "Thought: the passenger is north of me.\nAction: 1"}
+    assert "local:local-model (ReAct) on taxi" in capsys.readouterr().out
+    (run_dir,) = (tmp_path / "results").glob("*_evaluate_gpt")
+    assert json.loads((run_dir / "results.json").read_text())[0]["unusable_answers"] == 0

@@ -6,6 +6,7 @@ import re
 import shutil
 
 import pytest
+import torch
 import yaml
 
 import checkpoints
@@ -173,3 +174,38 @@ def test_pg_normalised_per_decision_as_the_paper(make_args, tmp_path):
     episodes, decisions = sizes["episodes"]
     assert decisions > episodes
     assert losses["decisions"] * decisions == pytest.approx(losses["episodes"] * episodes, rel=1e-5)
+
+
+def test_disable_dropout_turns_off_every_dropout(make_args):
+    import models
+
+    model, _ = models.load_model_and_tokenizer(make_args(disable_dropout=True))
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(m.p == 0.0 for m in dropouts)  # the base model's and LoRA's
+    model, _ = models.load_model_and_tokenizer(make_args())
+    assert any(m.p > 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+@pytest.mark.gpu
+def test_four_bit_options_reach_bitsandbytes(make_args):
+    if not torch.cuda.is_available():
+        pytest.skip("bitsandbytes 4-bit needs CUDA")
+    import models
+
+    model, _ = models.load_model_and_tokenizer(make_args(load_in_8bit=False, load_in_4bit=True, use_nested_quant=True,
+                                                         bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype="float16"))
+    config = model.base_model.model.config.quantization_config
+    assert config.bnb_4bit_quant_type == "fp4" and config.bnb_4bit_use_double_quant
+    assert config.bnb_4bit_compute_dtype == torch.float16
+
+
+def test_sft_epochs_and_length_grouping(make_args, tmp_path):
+    with pytest.raises(ValueError, match="--num_train_epochs"):
+        make_args(num_train_epochs=0)
+    texts = [policy_sft_text(OBS, HEAD, str(i % 3)) for i in range(12)]
+    task_file = _write(tmp_path / "sft.jsonl", texts)
+    args = make_args(task_file=task_file, num_train_epochs=2, per_device_train_batch_size=4, group_by_length=True,
+                     save_steps=100)
+    assert sft.main(args) == 0
+    (run,) = checkpoints.run_dirs(tmp_path / "results", "supervised_pretrain")
+    assert [p.name for p in run.glob("checkpoint-*")] == ["checkpoint-6"]  # 2 epochs of 3 batches, not --max_steps
