@@ -61,8 +61,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "the same by default; `one_turn` answers each observation alone",
               "one turn is cheaper and isolates the model's reading of a single state", "gpt_protocol", "two_turn"),
     Deviation("scripts", "checkpoint clean-up, log ensembling, brute-force and ReAct agents",
-              "checkpoint clean-up (`--save_total_limit`), the ReAct agent (`--gpt_protocol react`)",
-              "log ensembling and the brute-force agent are not yet available (issue 14 open)"),
+              "checkpoint clean-up (`--save_total_limit`), log ensembling (`visualization.plot --expdirs "
+              "NAME=DIR1,DIR2`), the ReAct agent (`--gpt_protocol react`)",
+              "the brute-force agent is not yet available (issue 14 open)"),
     Deviation("oracle reflection writer", "GPT-4 told the best action as a spoiler",
               "`--api oracle` writes the situation and the BFS/expert plan, naming the next move",
               "an offline, deterministic stand-in for GPT-4; API writers get the paper's spoiler prompt, and "

@@ -243,3 +243,20 @@ def test_react_protocol_reads_thought_then_action(make_args, tmp_path, capsys):
     assert "local:local-model (ReAct) on taxi" in capsys.readouterr().out
     (run_dir,) = (tmp_path / "results").glob("*_evaluate_gpt")
     assert json.loads((run_dir / "results.json").read_text())[0]["unusable_answers"] == 0
+
+
+def test_plot_ensembles_runs_of_one_configuration(tmp_path):
+    for name, slope in (("s0", 0.01), ("s1", 0.03)):
+        logger = metrics.MetricLogger(tmp_path / name, tensorboard=False)
+        for step in range(1, 21 if name == "s0" else 26):  # the second run logged longer
+            logger.log(step, {"success": min(1.0, slope * step), "cost": 1 - slope * step})
+        logger.close()
+    runs = [metrics.read_metrics(tmp_path / name) for name in ("s0", "s1")]
+    merged = plot.ensemble(runs)
+    assert [r["step"] for r in merged] == list(range(1, 21))  # the steps both logged
+    assert merged[9]["success"] == pytest.approx(0.2) and merged[9]["runs"] == 2
+    assert (merged[9]["success_min"], merged[9]["success_max"]) == pytest.approx((0.1, 0.3))
+    output = plot.plot([f"pg={tmp_path / 's0'},{tmp_path / 's1'}", str(tmp_path / "s0")], tmp_path / "c.png")
+    assert output.stat().st_size > 10_000
+    log = [json.loads(line) for line in (tmp_path / "c-pg.jsonl").read_text().splitlines()]
+    assert log == merged

@@ -5,9 +5,15 @@
 Edit ``expdirs`` in :func:`main` (as the paper's users do) or pass ``--expdirs``. Give
 the LATEST directory of a resumed run: a run resumed from ``a`` into ``b`` holds the
 whole curve in ``b``. A directory may be written ``NAME=DIR`` to set its legend label.
+
+Several runs of one configuration (seeds) are ensembled with ``NAME=DIR1,DIR2,...``: one
+curve, the mean over the runs at every step they all logged, with the min–max band shaded;
+the averaged log is written beside the figure as ``<figure>-<NAME>.jsonl``.
 Saves ``curves.png`` (or ``--output_file``) and prints where.
 """
 
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,10 +43,30 @@ def moving_average(values: list[float], window: int) -> np.ndarray:
     return out
 
 
-def parse_expdir(entry: str) -> tuple[str, Path]:
-    name, _, path = entry.rpartition("=")
-    path = Path(path)
-    return (name or path.name), path
+def parse_expdir(entry: str) -> tuple[str, list[Path]]:
+    """``[NAME=]DIR[,DIR...]`` -> (legend label, run directories)."""
+    name, _, paths = entry.rpartition("=")
+    folders = [Path(p) for p in paths.split(",") if p]
+    if not folders:
+        raise ValueError(f"--expdirs: {entry!r} names no run directory")
+    return (name or folders[0].name), folders
+
+
+def ensemble(runs: list[list[dict]]) -> list[dict]:
+    """Log ensembling: per step that every run logged, the mean, min and max of each numeric metric
+    that every run logged there (``key``, ``key_min``, ``key_max``), with the number of runs."""
+    by_run = [{r["step"]: r for r in records if "step" in r} for records in runs]
+    merged = []
+    for step in sorted(set.intersection(*(set(steps) for steps in by_run))):
+        rows = [steps[step] for steps in by_run]
+        keys = set.intersection(*(set(k for k, v in row.items() if isinstance(v, (int, float))
+                                      and not isinstance(v, bool)) for row in rows)) - {"step"}
+        entry = {"step": step, "runs": len(rows)}
+        for key in sorted(keys):
+            values = [float(row[key]) for row in rows]
+            entry.update({key: float(np.mean(values)), f"{key}_min": min(values), f"{key}_max": max(values)})
+        merged.append(entry)
+    return merged
 
 
 def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None = None) -> Path:
@@ -48,8 +74,14 @@ def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None =
         raise ValueError("--expdirs: give at least one run directory (or edit expdirs in visualization/plot.py)")
     figure, axes = plt.subplots(1, len(PANELS), figsize=(4.5 * len(PANELS), 3.8), constrained_layout=True)
     for entry in expdirs:
-        name, path = parse_expdir(entry)
-        records = metrics.read_metrics(path)
+        name, paths = parse_expdir(entry)
+        records = metrics.read_metrics(paths[0]) if len(paths) == 1 else \
+            ensemble([metrics.read_metrics(path) for path in paths])
+        if len(paths) > 1:
+            log = output.with_name(f"{output.stem}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.jsonl")
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+            name = f"{name} (mean of {len(paths)})"
         for axis, (key, _, smoothed) in zip(axes, PANELS):
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
             if not points:
@@ -59,7 +91,11 @@ def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None =
                 line, = axis.plot(steps, moving_average(list(values), window), label=name, linewidth=2)
                 axis.plot(steps, values, color=line.get_color(), alpha=0.2, linewidth=1)
             else:
-                axis.plot(steps, values, marker="o", markersize=3, label=name, linewidth=2)
+                line, = axis.plot(steps, values, marker="o", markersize=3, label=name, linewidth=2)
+            if len(paths) > 1:
+                low = [r[f"{key}_min"] for r in records if key in r]
+                high = [r[f"{key}_max"] for r in records if key in r]
+                axis.fill_between(steps, low, high, color=line.get_color(), alpha=0.12, linewidth=0)
     for axis, (_, label, smoothed) in zip(axes, PANELS):
         axis.set_xlabel("RL iteration")
         axis.set_ylabel(label)
