@@ -221,6 +221,10 @@ class RLArguments(_Group):
         50, "Recent successful episodes kept for replay (0 turns replay off).")
     replay_batch_size: int = _arg(
         4, "Replayed episodes trained on per iteration alongside the fresh ones.")
+    replay_mode: Literal["joint", "separate"] = _arg(
+        "joint", "PG replay: train the replayed successes with the fresh episodes in one step (joint), or take "
+        "a separate step on one success drawn with replacement and empty the buffer at each new curriculum "
+        "level (separate, the paper's code).")
     pg_normalize: Literal["episodes", "decisions"] = _arg(
         "episodes", "PG: divide the batch's summed loss by its episodes (the gradient of the mean episode cost) "
         "or by its decisions (the paper's code).")

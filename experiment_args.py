@@ -54,6 +54,7 @@ _ONLY_WITH = {
     "replay_buffer_size": ("--trainer pg", lambda a: a.trainer == "pg"),
     "replay_batch_size": ("--trainer pg", lambda a: a.trainer == "pg"),
     "pg_normalize": ("--trainer pg", lambda a: a.trainer == "pg"),
+    "replay_mode": ("--trainer pg", lambda a: a.trainer == "pg"),
     "bnb_4bit_quant_type": ("--load_in_4bit", lambda a: a.load_in_4bit),
     "bnb_4bit_compute_dtype": ("--load_in_4bit", lambda a: a.load_in_4bit),
     "use_nested_quant": ("--load_in_4bit", lambda a: a.load_in_4bit),

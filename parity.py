@@ -48,8 +48,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "evaluating a learning curve needs every checkpoint", "save_total_limit", 10),
     # Not (yet) one flag away; from PARITY.md, kept here so that the README lists them.
     Deviation("RL replay buffer", "samples one success with replacement, its own optimiser step, cleared at "
-              "each curriculum level", "the replayed batch is trained with the fresh one",
-              "not yet available (issue 14 open)"),
+              "each curriculum level", "up to `--replay_batch_size` distinct successes trained with the fresh "
+              "episodes in one step, kept across levels", "one step per iteration keeps the update size and the "
+              "learning rate's meaning the same with and without replay", "replay_mode", "separate"),
     Deviation("PG loss normalisation", "divided by the number of decisions", "by the number of episodes",
               "the gradient of the mean episode cost; per decision, an episode's weight shrinks as the batch's "
               "episodes grow longer", "pg_normalize", "decisions"),

@@ -1,7 +1,9 @@
 """REINFORCE on the cost-to-go, with replay of recent successes (the paper's learner).
 
 Each update trains on the fresh episodes plus up to ``--replay_batch_size`` successful
-episodes drawn from a buffer of the last ``--replay_buffer_size`` successes; with
+episodes drawn from a buffer of the last ``--replay_buffer_size`` successes (``--replay_mode
+separate``, the paper's code: a step on the fresh episodes, then a step on one success drawn
+with replacement; the buffer is emptied at each new curriculum level); with
 ``--baseline critic`` a value head on the policy's hidden state learns the cost-to-go
 alongside.
 """
@@ -19,10 +21,38 @@ class PolicyGradient(Learner):
     def __init__(self, args, scorer, accelerator):
         super().__init__(args, scorer, accelerator)
         self.replay = ReplayBuffer(args.replay_buffer_size)
+        self.level: str | None = None  # the curriculum level of the last batch (--replay_mode separate)
 
     def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
+        if self.args.replay_mode == "separate":
+            return self._update_separately(episodes, rng)
         replayed = [Episode.from_dict(e) for e in self.replay.sample(self.args.replay_batch_size, rng)]
-        batch = episodes + replayed
+        total, applied, grad_norm, critic_total = self._train(episodes + replayed)
+        for episode in episodes:
+            self.replay.add(episode.to_dict())
+        return self._result(total, applied, grad_norm, critic_total, len(replayed))
+
+    def _update_separately(self, episodes: list[Episode], rng: np.random.Generator) -> UpdateResult:
+        """The paper's replay: a step on the fresh episodes, then one on a success drawn (with replacement)
+        from the buffer, which is emptied whenever the curriculum moves to another level."""
+        level = episodes[0].level if episodes else None
+        if level != self.level:
+            self.replay.clear()
+            self.level = level
+        drawn = [Episode.from_dict(e) for e in self.replay.draw(1, rng)]
+        total, applied, grad_norm, critic_total = self._train(episodes)
+        result = self._result(total, applied, grad_norm, critic_total, len(drawn))
+        if drawn:
+            replay_loss, replay_applied, _, _ = self._train(drawn)
+            result.metrics["replay_loss"] = replay_loss
+            result.metrics["replay_applied"] = replay_applied
+        for episode in episodes:
+            self.replay.add(episode.to_dict())
+        result.metrics["replay_size"] = len(self.replay)
+        return result
+
+    def _train(self, batch: list[Episode]) -> tuple[float, bool, float | None, float]:
+        """One optimiser step of REINFORCE (and the critic) on ``batch``."""
         decisions, q = flat_decisions(batch)
         # --pg_normalize: the summed loss per episode (ours) or per decision (the paper's code)
         norm = len(batch) if self.args.pg_normalize == "episodes" else len(decisions)
@@ -38,19 +68,21 @@ class PolicyGradient(Learner):
             loss.backward()
             total += loss.item()
         applied, grad_norm = self.step(total)
-        for episode in episodes:
-            self.replay.add(episode.to_dict())
-        metrics = {"grad_norm": grad_norm, "replayed": len(replayed), "replay_size": len(self.replay)}
+        return total, applied, grad_norm, critic_total
+
+    def _result(self, total: float, applied: bool, grad_norm, critic_total: float, replayed: int) -> UpdateResult:
+        metrics = {"grad_norm": grad_norm, "replayed": replayed, "replay_size": len(self.replay)}
         if self.critic is not None:
             metrics["critic_loss"] = critic_total
         return UpdateResult(total, applied, metrics)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "replay": self.replay.state_dict()}
+        return {**super().state_dict(), "replay": self.replay.state_dict(), "level": self.level}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.replay.load_state_dict(state["replay"])
+        self.level = state.get("level")
 
 
 class ReplayBuffer:
@@ -66,6 +98,15 @@ class ReplayBuffer:
     def add(self, episode: dict) -> None:
         if self.capacity > 0 and episode["success"]:
             self.episodes.append(episode)
+
+    def clear(self) -> None:
+        self.episodes.clear()
+
+    def draw(self, count: int, rng: np.random.Generator) -> list[dict]:
+        """``count`` episodes drawn uniformly with replacement (none from an empty buffer)."""
+        if not self.episodes:
+            return []
+        return [self.episodes[int(i)] for i in rng.integers(len(self.episodes), size=count)]
 
     def sample(self, count: int, rng: np.random.Generator) -> list[dict]:
         """Up to ``count`` distinct episodes, uniformly."""

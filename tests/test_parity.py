@@ -209,3 +209,25 @@ def test_sft_epochs_and_length_grouping(make_args, tmp_path):
     assert sft.main(args) == 0
     (run,) = checkpoints.run_dirs(tmp_path / "results", "supervised_pretrain")
     assert [p.name for p in run.glob("checkpoint-*")] == ["checkpoint-6"]  # 2 epochs of 3 batches, not --max_steps
+
+
+def test_separate_replay_steps_on_one_drawn_success_and_empties_at_each_level(make_args, tmp_path):
+    args = make_args(env="taxi", taxi_curriculum=True, first_step=True, per_device_eval_batch_size=4,
+                     learning_rate=1e-3, max_steps=6, save_steps=6, replay_mode="separate", replay_buffer_size=50)
+    assert rl_finetune.main(args) == 0
+    (run,) = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "replay_size" in r]
+    assert len({r["level"] for r in records}) == 3
+    size = 0
+    for previous, record in zip([None, *records], records):
+        successes = round(record["success"] * 4)
+        if previous is None or previous["level"] != record["level"]:
+            size = 0  # a new level: the buffer was emptied before this iteration's successes went in
+        assert record["replayed"] == (1 if size else 0)  # one success, drawn from what was there
+        assert ("replay_loss" in record) == bool(size)
+        size += successes
+        assert record["replay_size"] == size
+    assert any(r["replayed"] for r in records)
+    # A level change met a non-empty buffer (the loop above checked that it started again from empty).
+    assert any(a["level"] != b["level"] and a["replay_size"] > 0 for a, b in zip(records, records[1:]))
