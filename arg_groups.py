@@ -221,6 +221,9 @@ class RLArguments(_Group):
         50, "Recent successful episodes kept for replay (0 turns replay off).")
     replay_batch_size: int = _arg(
         4, "Replayed episodes trained on per iteration alongside the fresh ones.")
+    mask_invalid: bool = _arg(
+        True, "The policy chooses among the labels shown only (--no_mask_invalid: among all labels of its "
+        "alphabet, a label not shown being a wasted step, as the paper's code).")
     replay_mode: Literal["joint", "separate"] = _arg(
         "joint", "PG replay: train the replayed successes with the fresh episodes in one step (joint), or take "
         "a separate step on one success drawn with replacement and empty the buffer at each new curriculum "

@@ -56,8 +56,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "episodes grow longer", "pg_normalize", "decisions"),
     Deviation("AutoExplore SFT targets", "the task's file and the files the LLM found relevant",
               "the task's file", "not yet available (issue 14 open)"),
-    Deviation("invalid label", "never masked: a wasted step", "masked out of the label head",
-              "an answer outside the list teaches nothing; API models still pay a wasted step"),
+    Deviation("invalid label", "never masked: any label may be chosen, one not shown is a wasted step",
+              "the policy chooses among the labels shown", "a label outside the list teaches nothing and wastes "
+              "samples; API models, which cannot be masked, pay a wasted step", "mask_invalid", False),
     Deviation("GPT baselines", "two turns per step: reflect, then act, with the episode's history",
               "the same by default; `one_turn` answers each observation alone",
               "one turn is cheaper and isolates the model's reading of a single state", "gpt_protocol", "two_turn"),

@@ -208,7 +208,8 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
 class TwoPlayerRollout:
     def __init__(self, policy, tokenizer, *, reflector=None, reflect_tokenizer=None, reflect_prob: float = 1.0,
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
-                 greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True):
+                 greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
+                 mask_invalid: bool = True):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -219,6 +220,7 @@ class TwoPlayerRollout:
         self.stats = RolloutStats()
         _silence_unpadded_generate_warning()
         self.one_line = reflect_one_line
+        self.mask_invalid = mask_invalid  # False: every label of the alphabet may be chosen (the paper's code)
         newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False) if reflect_one_line else []
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
 
@@ -233,7 +235,7 @@ class TwoPlayerRollout:
         return cls(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                    reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
-                   reflect_one_line=args.reflect_one_line)
+                   reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid)
 
     # --- the two players ----------------------------------------------------------------
 
@@ -300,7 +302,9 @@ class TwoPlayerRollout:
             free = [slot for slot in running if not slot.replaying]
             self._reflect(free, rng, step_seed)
             prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection, self.one_line) for slot in free]
-            valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
+            everything = list(range(len(self.labels)))
+            valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] if self.mask_invalid
+                     else everything for slot in free]
             for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
                 slot.decide(prompt, labels, choice)
             for slot in running:

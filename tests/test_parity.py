@@ -231,3 +231,15 @@ def test_separate_replay_steps_on_one_drawn_success_and_empties_at_each_level(ma
     assert any(r["replayed"] for r in records)
     # A level change met a non-empty buffer (the loop above checked that it started again from empty).
     assert any(a["level"] != b["level"] and a["replay_size"] > 0 for a, b in zip(records, records[1:]))
+
+
+def test_unmasked_policy_may_choose_a_label_not_shown_and_pays_a_step(make_args, tmp_path):
+    args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=8, horizon=6,
+                     max_steps=1, save_steps=1, mask_invalid=False)
+    assert rl_finetune.main(args) == 0
+    (run,) = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
+    episodes = [json.loads(e) for e in (run / "checkpoint-1" / "episodes.jsonl").read_text().splitlines()]
+    steps = [step for episode in episodes for step in episode["steps"]]
+    wasted = [step for step in steps if step["label"] >= 6]  # indices into the alphabet; Taxi shows 0-5
+    assert wasted  # an untrained policy over 252 labels picks ones that are not shown
+    assert all(step["reward"] == pytest.approx(-0.05) for step in wasted)  # a wasted move's cost
