@@ -165,6 +165,10 @@ class EnvArguments(_Group):
         "replace", "Taxi: the first pickup's reward is +20 (replace: the paper's environment, 1.0 after "
         "scaling) or +20 on top of the move's -1 (add: 0.95, this project's rule before the parity review).")
     easy: bool = _arg(False, "AutoExplore: the question is 'Find <file>'.")
+    auto_explore_costs: Literal["outcome", "keywords"] = _arg(
+        "outcome", "AutoExplore: charge the error/warning costs for a command that failed or told nothing new "
+        "(outcome), or for the words Error/Warning anywhere in its output, a file's text included (keywords, "
+        "the paper's code).")
     first_step: bool = _arg(
         False, "Train the first decision only (a contextual bandit; AutoExplore and Taxi).")
     leaveout_prob: float = _arg(

@@ -70,8 +70,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "`--api oracle` writes the situation and the BFS/expert plan, naming the next move",
               "an offline, deterministic stand-in for GPT-4; API writers get the paper's spoiler prompt, and "
               "reflections that quote it are asked again"),
-    Deviation("AutoExplore step costs", "outputs with Error/Warning keywords cost extra",
-              "a cost table per outcome (error 2, warning 1, a step 1)", "not yet one flag away (issue 14 open)"),
+    Deviation("AutoExplore step costs", "an output containing the words Error or Warning costs extra",
+              "a failed command costs 2 extra, one that told nothing new 1", "reading a file that mentions "
+              "errors is not a mistake", "auto_explore_costs", "keywords"),
     Deviation("RL data subsets", "`--few_data`", "absent", "not yet available (issue 14 open)"),
     Deviation("critic flags", "`--use_critic`, `--critic_update_freq`, `--critic_update_iter`, `--shared_critic`, "
               "`--critic_layer_type`", "`--baseline critic`: a linear value head on the policy's hidden state, "

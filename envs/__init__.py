@@ -47,7 +47,7 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
     elif args.env == "auto_explore":
         # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
         kwargs.update(leaveout_prob=0.0 if evaluation else args.leaveout_prob, easy=args.easy,
-                      first_step=args.first_step, repos_dir=args.repo_dir)
+                      first_step=args.first_step, repos_dir=args.repo_dir, cost_rule=args.auto_explore_costs)
     elif args.env == "alfworld":
         kwargs.update(
             data_root=args.alfworld_data,

@@ -12,7 +12,8 @@ given as ``reset(options={"task": task})``, or drawn from ``tasks=[...]`` passed
 constructor when ``reset`` gets no task.
 
 Costs (reward = -cost) are the class constants below: each step costs STEP_COST, plus
-ERROR_COST for a command that failed or WARNING_COST for one that told nothing new;
+ERROR_COST for a command that failed or WARNING_COST for one that told nothing new (or, with
+``cost_rule="keywords"`` as the paper's code, for "Error" / "Warning" anywhere in the output);
 ``id`` ends the episode, gaining ``horizon`` if the file is a target and paying it
 otherwise, and running out of steps pays ``horizon``. Success: total cost < 0.01.
 """
@@ -45,6 +46,9 @@ STEP_COST = 1.0
 ERROR_COST = 2.0
 WARNING_COST = 1.0
 SUCCESS_MAX_COST = 0.01
+# How a step's extra cost is found: from the command's outcome (it failed; it told nothing new), or, as
+# the paper's code, from the words "Error" and "Warning" in what the step shows (a file's text included).
+COST_RULES = ("outcome", "keywords")
 
 
 def task_targets(filename) -> list[str]:
@@ -130,9 +134,13 @@ class AutoExploreEnv(TextEnv):
         tasks: list[dict] | None = None,
         render_mode: str | None = None,
         labels=None,
+        cost_rule: str = "outcome",
     ):
         if not 0.0 <= leaveout_prob <= 1.0:
             raise ValueError(f"leaveout_prob must be in [0, 1], got {leaveout_prob}")
+        if cost_rule not in COST_RULES:
+            raise ValueError(f"cost_rule must be one of {COST_RULES}, got {cost_rule!r}")
+        self.cost_rule = cost_rule
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
         self.leaveout_prob = float(leaveout_prob)
         self.easy = easy
@@ -272,7 +280,12 @@ class AutoExploreEnv(TextEnv):
             raise RuntimeError("AutoExploreEnv.execute() before reset()")
         result = self._sandbox.execute(command)
         warning = None if result.error else self._no_news(result.name, result.path)
-        cost = STEP_COST + (ERROR_COST if result.error else 0.0) + (WARNING_COST if warning else 0.0)
+        shown = result.text if warning is None else f"Warning: {warning}\n{result.text}"
+        if self.cost_rule == "keywords":
+            error, warned = "Error" in shown, "Warning" in shown
+        else:
+            error, warned = result.error, warning is not None
+        cost = STEP_COST + (ERROR_COST if error else 0.0) + (WARNING_COST if warned else 0.0)
         info = {"command": command, "error": result.error, "warning": warning is not None}
         terminated = False
         if result.name == "id":
@@ -281,7 +294,7 @@ class AutoExploreEnv(TextEnv):
             terminated = True
             info.update(identified=result.path, correct=correct)
         self._history.append(printable(command))
-        self._last_result = result.text if warning is None else f"Warning: {warning}\n{result.text}"
+        self._last_result = shown
         return Outcome(reward=-cost, terminated=terminated, info=info)
 
     def _no_news(self, name: str, path: str) -> str | None:

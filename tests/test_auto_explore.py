@@ -264,3 +264,15 @@ def test_step_command_matches_label_steps(repo):
         assert a.step(a.label_of(command)) == b.step_command(command)
 
 
+
+
+def test_keyword_costs_as_the_papers_code(repo):
+    (repo / "errors.md").write_text("Error handling: every Warning is logged.\n")
+    outcome, keywords = make_env(repo), make_env(repo, cost_rule="keywords")
+    outcome.reset(seed=0)
+    keywords.reset(seed=0)
+    # Reading a file that mentions errors: no extra cost by outcome; error and warning costs by keywords.
+    assert [-r for r, *_ in run(outcome, ["cat errors.md", "cat nope.py"])] == [1, 3]
+    assert [-r for r, *_ in run(keywords, ["cat errors.md", "cat nope.py"])] == [1 + 2 + 1, 3]
+    with pytest.raises(ValueError, match="cost_rule"):
+        make_env(repo, cost_rule="words")
