@@ -126,8 +126,9 @@ class ChatClient:
         common = {"max_retries": max_retries, "timeout": timeout, "http_client": http_client}
         if api == "openai":
             key = _require_env(KEY_ENV["openai"], api)
+            # Without --base_url the openai client reads $OPENAI_BASE_URL, else OpenAI's own address.
             self._client = openai.OpenAI(api_key=key, base_url=base_url if base_url else None, **common)
-            self.endpoint = base_url or "https://api.openai.com/v1"
+            self.endpoint = str(self._client.base_url).rstrip("/")
         elif api == "azure":
             key = _require_env(KEY_ENV["azure"], api)
             self.endpoint = base_url or _require_env(AZURE_URL_ENV, api)

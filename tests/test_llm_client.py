@@ -222,3 +222,11 @@ def test_requests_are_not_logged_line_by_line(caplog):
     with OpenAIServer(lambda body: (200, "ok")) as server, caplog.at_level(logging.INFO):
         ChatClient("local", "m", base_url=server.url).complete(MESSAGES)
     assert not [r for r in caplog.records if r.name.startswith("httpx")]  # they would break the progress bars
+
+
+def test_api_openai_reads_openai_base_url_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with OpenAIServer(lambda body: (200, "from the env's address")) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        client = ChatClient("openai", "gpt-4")
+        assert client.endpoint == server.url and client.complete(MESSAGES) == "from the env's address"
