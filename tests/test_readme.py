@@ -32,7 +32,8 @@ OVERRIDES = {
                        "--reflect_max_new_tokens=8", "--horizon=4"],
     "evaluation.evaluate": [*TINY, "--eval_reps=1", "--per_device_eval_batch_size=4", "--reflect_max_new_tokens=8",
                             "--horizon=4"],
-    "evaluation.evaluate_gpt": ["--runs=1", "--horizon=3"],
+    # Two episodes side by side: each builds its own environment, and an ALFWorld one takes seconds.
+    "evaluation.evaluate_gpt": ["--runs=1", "--horizon=3", "--max_concurrency=2"],
     "evaluation.auto_explore_gpt": ["--eval_reps=1", "--horizon=3"],
     "data_gen.taxi.reflection": ["--num_episodes=3"],
     "data_gen.alfworld.reflection": ["--num_episodes=1", "--horizon=4"],

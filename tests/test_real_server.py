@@ -34,8 +34,10 @@ def test_taxi_reflections(make_args, real_llm_server, tmp_path, capsys):
 
 
 def test_taxi_api_model_evaluation(make_args, real_llm_server, tmp_path, capsys):
+    # One turn per step keeps this test short on a server that generates one answer at a time; the
+    # two-turn protocol is tested against the scripted server (test_evaluation.py).
     args = make_args(env="taxi", runs=3, api="local", base_url=real_llm_server.url, model=real_llm_server.model,
-                     taxi_curriculum=True, curriculum_index=0, horizon=3, llm_max_tokens=8)
+                     taxi_curriculum=True, curriculum_index=0, horizon=3, llm_max_tokens=8, gpt_protocol="one_turn")
     assert evaluate_gpt.main(args) == 0
     out = capsys.readouterr().out
     (run_dir,) = (tmp_path / "results").glob("*_evaluate_gpt")
