@@ -39,6 +39,7 @@ def _locked(path: Path):
 
 
 _RUN_DIR = re.compile(r"(\d+)_(.+)")  # <id>_<script>
+_CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
 
 
 def run_dirs(root: str | Path, script: str | None = None) -> list[Path]:
@@ -137,8 +138,9 @@ def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
     None keeps all); returns the deleted folders."""
     if keep is None:
         return []
-    found = sorted((p for p in Path(run_dir).glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()),
-                   key=lambda p: int(p.name[11:]))
+    numbered = [(int(m.group(1)), p) for p in Path(run_dir).iterdir()
+                if p.is_dir() and (m := _CHECKPOINT_DIR.fullmatch(p.name))]
+    found = [p for _, p in sorted(numbered)]
     doomed = found[:-keep] if keep else found
     for folder in doomed:
         shutil.rmtree(folder)

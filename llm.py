@@ -208,6 +208,9 @@ class ChatClient:
                 self.usage.in_flight += 1
             try:
                 response = self._send(request)
+                if not isinstance(response, ChatCompletion):
+                    raise LLMError(f"{self.where} answered with something that is not a chat completion: "
+                                   f"{str(response)[:200]!r}")
             except LLMError as error:
                 with self._lock:
                     self._failure = self._failure or error
@@ -215,12 +218,6 @@ class ChatClient:
             finally:
                 with self._lock:
                     self.usage.in_flight -= 1
-        if not isinstance(response, ChatCompletion):
-            error = LLMError(f"{self.where} answered with something that is not a chat completion: "
-                             f"{str(response)[:200]!r}")
-            with self._lock:
-                self._failure = self._failure or error
-            raise error
         with self._lock:
             self._reached = True
             if response.usage is not None:
@@ -315,20 +312,22 @@ def _retry_after(error: openai.APIStatusError, default: float = 0.5, most: float
     return default
 
 
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions behind it, outermost first."""
+    chain = [error]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(cause)
+    return chain
+
+
 def _root_cause(error: BaseException) -> str:
-    while error.__cause__ is not None or error.__context__ is not None:
-        error = error.__cause__ or error.__context__
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    root = _causes(error)[-1]
+    return f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
 
 
 def _refused(error: openai.APIConnectionError) -> bool:
     """True when the connection itself was refused (or the host is unknown), not merely slow."""
-    cause: BaseException | None = error
-    while cause is not None:
-        if isinstance(cause, ConnectionRefusedError | httpx.ConnectError):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(cause, ConnectionRefusedError | httpx.ConnectError) for cause in _causes(error))
 
 
 def _require_env(name: str, api: str) -> str:
@@ -347,9 +346,12 @@ def make_client(args) -> ChatClient | None:
                       max_tokens_cap=args.llm_max_tokens)
 
 
-def workers(args, client: ChatClient | None) -> int:
-    """How many items a step works on at once: ``--max_concurrency`` with an API model, one with the oracle."""
-    return 1 if client is None else client.max_concurrency
+def concurrency(client: ChatClient | None) -> dict[str, Any]:
+    """How a step's items share the client (``Journal.run``'s ``workers`` and ``status``): ``--max_concurrency``
+    items at once with the client's requests on the progress bar, or one at a time with the oracle."""
+    if client is None:
+        return {"workers": 1, "status": None}
+    return {"workers": client.max_concurrency, "status": client.usage.progress}
 
 
 def model_name(args) -> str:

@@ -220,7 +220,8 @@ class TwoPlayerRollout:
         self.stats = RolloutStats()
         _silence_unpadded_generate_warning()
         self.one_line = reflect_one_line
-        self.mask_invalid = mask_invalid  # False: every label of the alphabet may be chosen (the paper's code)
+        # False: every label of the alphabet may be chosen (the paper's code)
+        self.mask_invalid = mask_invalid
         newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False) if reflect_one_line else []
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
 
@@ -302,9 +303,10 @@ class TwoPlayerRollout:
             free = [slot for slot in running if not slot.replaying]
             self._reflect(free, rng, step_seed)
             prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection, self.one_line) for slot in free]
-            everything = list(range(len(self.labels)))
-            valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] if self.mask_invalid
-                     else everything for slot in free]
+            if self.mask_invalid:
+                valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
+            else:
+                valid = [list(range(len(self.labels)))] * len(free)  # one list, never changed
             for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
                 slot.decide(prompt, labels, choice)
             for slot in running:

@@ -199,25 +199,21 @@ def reflection_problem(reflection: str, spoiler: str) -> str | None:
     return None
 
 
-def api_reflections(client, system: str, asks: list[tuple[str, str]]) -> list[str | None]:
-    """Reflections written by an API model (Taxi, ALFWorld), one per ``(user prompt, spoiler)``, all sent
-    at once: sampled at temperature 0.7, at most 120 tokens, whitespace collapsed to one line. An empty
-    answer, or one that gives its spoiler away, is asked again (up to :data:`REFLECTION_ATTEMPTS`
-    answers); None where none was usable."""
+def reflect_with_api(client, system: str, records: list[dict], asks: list[tuple[str, str]], result: Any) -> Any:
+    """Fill in each record's reflection, written by an API model (Taxi, ALFWorld) for its ``(user prompt,
+    spoiler)`` in ``asks``; all are sent at once, sampled at temperature 0.7, at most 120 tokens, and
+    their whitespace collapsed to one line. An empty answer, or one that gives its spoiler away, is asked
+    again (up to :data:`REFLECTION_ATTEMPTS` answers); a record with none usable gets None. Returns
+    ``result`` (the item's journal entry, which holds ``records``), as :class:`Unfinished` (not
+    journalled, so a re-run asks again) when some record got no reflection."""
     chats = [[{"role": "system", "content": system}, {"role": "user", "content": user}] for user, _ in asks]
     accepts = [lambda answer, spoiler=spoiler: reflection_problem(answer, spoiler) for _, spoiler in asks]
     answers = client.complete_many(chats, accepts=accepts, temperature=0.7, max_tokens=120,
                                    attempts=REFLECTION_ATTEMPTS)
-    return [None if answer is None else " ".join(answer.split()) for answer in answers]
-
-
-def with_reflections(records: list[dict], reflections: list[str | None]) -> list[dict] | Unfinished:
-    """``records`` with their API reflections filled in; :class:`Unfinished` (not journalled, so a re-run
-    asks again) when some state got no usable reflection."""
-    for record, reflection in zip(records, reflections, strict=True):
-        record["reflection"] = reflection
-    missing = sum(reflection is None for reflection in reflections)
-    return Unfinished(records, f"{missing} states without a usable reflection") if missing else records
+    for record, answer in zip(records, answers, strict=True):
+        record["reflection"] = None if answer is None else " ".join(answer.split())
+    missing = sum(answer is None for answer in answers)
+    return Unfinished(result, f"{missing} states without a usable reflection") if missing else result
 
 
 def usable_records(episodes: list[list[dict]]) -> tuple[list[dict], int]:

@@ -84,9 +84,6 @@ class EnvPool:
         finally:
             self._free.put(env)
 
-    def __len__(self) -> int:
-        return len(self._all)
-
     def close(self) -> None:
         for env in self._all:
             env.close()

@@ -107,18 +107,18 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
             reflections.append(" ".join(reflection.split()))
             conversation += [{"role": "assistant", "content": reflection}, {"role": "user", "content": ANSWER_RULE}]
             messages = conversation
-        reply = client.complete(messages, temperature=temperature, max_tokens=64)
+        reply = client.complete(messages, temperature=temperature, max_tokens=64) or ""  # None: no usable text
         if protocol != "one_turn":
-            conversation.append({"role": "assistant", "content": reply or ""})
+            conversation.append({"role": "assistant", "content": reply})
         if protocol == "react":
-            thought = re.search(r"thought\s*:\s*(.*?)(?:\n\s*action\s*:|$)", reply or "", re.IGNORECASE | re.DOTALL)
+            thought = re.search(r"thought\s*:\s*(.*?)(?:\n\s*action\s*:|$)", reply, re.IGNORECASE | re.DOTALL)
             reflections.append(" ".join(thought.group(1).split()) if thought else "")
-        label = None if reply is None else parse_choice(reply, info["labels"], info["actions"])
+        label = parse_choice(reply, info["labels"], info["actions"])  # None for an empty answer too
         if label is None:
-            if not unusable or unusable[-1]["answer"] != (reply or ""):  # a repeated one is not logged again
+            if not unusable or unusable[-1]["answer"] != reply:  # a repeated one is not logged again
                 logger.info("episode %s (seed %d), step %d: unusable answer %.80r", start.level, start.seed,
-                            len(rewards), reply or "")
-            unusable.append({"step": len(rewards), "answer": reply or ""})
+                            len(rewards), reply)
+            unusable.append({"step": len(rewards), "answer": reply})
         obs, reward, terminated, truncated, info = env.step(NO_LABEL if label is None else label)
         rewards.append(float(reward))
         if terminated or truncated:

@@ -15,7 +15,7 @@ from data_gen.common import Journal, journal_name, write_jsonl
 from envs import EnvPool, env_kwargs, make_env
 from evaluation.evaluate import save_results, summarise, test_episodes
 from evaluation.gpt_agent import INSTRUCTIONS, as_episode, play_episode
-from llm import make_client, stops_on_llm_error
+from llm import concurrency, make_client, stops_on_llm_error
 from rollout import EpisodeStart
 
 UNUSABLE_FILE = "unusable_answers.jsonl"
@@ -51,8 +51,7 @@ def _evaluate(args, script: str, reps: int) -> int:
                 return play_episode(client, env, args.env, start, temperature=0.0, protocol=args.gpt_protocol)
 
         played = journal.run([(episode_key(start), start) for start in starts], play,
-                             desc=f"{args.model} on {args.env}", workers=client.max_concurrency,
-                             status=client.usage.progress)
+                             desc=f"{args.model} on {args.env}", **concurrency(client))
     finally:
         pool.close()
         client.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.common import Journal, Unfinished, api_reflections, reflection_problem
+from data_gen.common import Journal, Unfinished, reflect_with_api, reflection_problem
 from data_gen.taxi import reflection as taxi_reflection
 from llm import ChatClient
 from tests.openai_server import OpenAIServer
@@ -106,7 +106,10 @@ def test_leaking_or_empty_reflections_are_asked_again_then_left_out():
     with OpenAIServer(responder) as server:
         client = ChatClient("local", "m", base_url=server.url)
         asks = [("first", "Move south"), ("second", "Move south"), ("third", "Move south")]
-        assert api_reflections(client, "system", asks) == [None, None, "Look below."]
+        records = [{"state": user} for user, _ in asks]
+        result = reflect_with_api(client, "system", records, asks, records)
+        assert [record["reflection"] for record in records] == [None, None, "Look below."]
+        assert isinstance(result, Unfinished) and result.result is records
         assert len(server.requests) == 3 + 3 + 1
 
 

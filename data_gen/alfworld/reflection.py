@@ -31,19 +31,18 @@ from pathlib import Path
 from data_gen.common import (
     Journal,
     Unfinished,
-    api_reflections,
     item_rng,
     print_counts,
     random_prob,
+    reflect_with_api,
     usable_records,
-    with_reflections,
     write_json,
 )
 from data_gen.common import journal_name as common_journal_name
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
 from experiment_args import parse_args, require_env
-from llm import make_client, model_name, stops_on_llm_error, workers
+from llm import concurrency, make_client, model_name, stops_on_llm_error
 from paths import DATA_DIR
 from prompts import split_observation
 
@@ -341,10 +340,7 @@ def reflect(client, played: tuple[dict, list[tuple[str, str]]]) -> dict | Unfini
     result, asks = played
     if client is None:
         return result
-    records = with_reflections(result["records"], api_reflections(client, SYSTEM, asks))
-    if isinstance(records, Unfinished):
-        return Unfinished(dict(result, records=records.result), records.reason)
-    return result
+    return reflect_with_api(client, SYSTEM, result["records"], asks, result)
 
 
 def journal_name(args) -> str:
@@ -367,7 +363,7 @@ def main(args) -> int:
         # The shared env plays the episodes in order; their reflections are asked for concurrently.
         episodes = journal.run(items, lambda played: reflect(client, played), desc="alfworld reflections",
                                prepare=lambda i: play(args, env, i, oracle_writer=client is None),
-                               workers=workers(args, client), status=client and client.usage.progress)
+                               **concurrency(client))
         blocked = len(env.blocked)
     finally:
         env.close()

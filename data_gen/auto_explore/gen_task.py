@@ -38,7 +38,7 @@ from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_c
 from envs.auto_explore import optimal_path, target_depth
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
 from experiment_args import parse_args
-from llm import make_client, model_name, stops_on_llm_error, workers
+from llm import concurrency, make_client, model_name, stops_on_llm_error
 from paths import file_digest
 
 logger = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ def main(args) -> int:
             digest = file_digest(repo_path / rel)
             items.append((f"{repo}/{rel}@{digest}", (repo_path, rel, digest, questions.get(rel))))
     results = journal.run(items, lambda payload: file_tasks(args, client, *payload), desc="auto_explore tasks",
-                          workers=workers(args, client), status=client and client.usage.progress)
+                          **concurrency(client))
     by_repo = defaultdict(list)
     statuses = Counter()
     for (_, payload), result in zip(items, results):

@@ -39,7 +39,7 @@ from envs import EnvPool
 from envs.auto_explore import AutoExploreEnv, load_tasks, optimal_path, task_targets
 from envs.base import rng_seed
 from experiment_args import parse_args
-from llm import make_client, model_name, stops_on_llm_error, workers
+from llm import concurrency, make_client, model_name, stops_on_llm_error
 
 logger = logging.getLogger(__name__)
 
@@ -265,8 +265,7 @@ def main(args) -> int:
             with pool.env() as env:  # tasks run side by side, each on an environment of its own
                 return task_trajectories(args, client, env, task)
 
-        results = journal.run(items, work, desc="auto_explore trajectories", workers=workers(args, client),
-                              status=client and client.usage.progress)
+        results = journal.run(items, work, desc="auto_explore trajectories", **concurrency(client))
     finally:
         pool.close()
     records = [dict(task, trajectories=result["trajectories"]) for task, result in zip(tasks, results)]

@@ -17,12 +17,11 @@ import sys
 from data_gen.common import (
     Journal,
     Unfinished,
-    api_reflections,
     item_rng,
     print_counts,
     random_prob,
+    reflect_with_api,
     usable_records,
-    with_reflections,
     write_json,
 )
 from data_gen.common import journal_name as common_journal_name
@@ -30,7 +29,7 @@ from envs import make_env
 from envs.base import rng_seed
 from envs.taxi import DangerousTaxiEnv, curriculum_at
 from experiment_args import parse_args, require_env
-from llm import make_client, model_name, stops_on_llm_error, workers
+from llm import concurrency, make_client, model_name, stops_on_llm_error
 from paths import DATA_DIR
 
 DEFAULT_RANDOM_PROB = 0.9
@@ -114,7 +113,7 @@ def episode(args, client, index: int) -> list[dict] | Unfinished:
     records, asks = play(args, index, oracle_writer=client is None)
     if client is None:
         return records
-    return with_reflections(records, api_reflections(client, SYSTEM, asks))
+    return reflect_with_api(client, SYSTEM, records, asks, records)
 
 
 def journal_name(args) -> str:
@@ -136,7 +135,7 @@ def main(args) -> int:
     journal = Journal(out_dir, journal_name(args))
     items = [(f"episode-{i}", i) for i in range(args.num_episodes)]
     episodes = journal.run(items, lambda i: episode(args, client, i), desc="taxi reflections",
-                           workers=workers(args, client), status=client and client.usage.progress)
+                           **concurrency(client))
     records, missing = usable_records(episodes)
     path = f"{out_dir}/data_reflection.json"
     write_json(path, records)
