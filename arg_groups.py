@@ -169,6 +169,10 @@ class EnvArguments(_Group):
         "outcome", "AutoExplore: charge the error/warning costs for a command that failed or told nothing new "
         "(outcome), or for the words Error/Warning anywhere in its output, a file's text included (keywords, "
         "the paper's code).")
+    auto_explore_targets: Literal["task", "writer"] = _arg(
+        "task", "AutoExplore RL/eval: a task is solved by identifying its file (task), or also any file the "
+        "data writer identified in its trajectories, tasks where it identified none being left out (writer, "
+        "the paper's code; needs a --task_file with trajectories).")
     first_step: bool = _arg(
         False, "Train the first decision only (a contextual bandit; AutoExplore and Taxi).")
     leaveout_prob: float = _arg(
@@ -203,6 +207,18 @@ class RLArguments(_Group):
     trainer: str = _arg("pg", "RL learner, a name of rl_algorithms.LEARNERS: pg (REINFORCE, the paper), ppo, refuel.")
     baseline: Literal["none", "mean", "critic"] = _arg(
         "none", "Baseline subtracted from the cost-to-go (the paper: none).")
+    use_critic: bool = _arg(False, "The paper's name for --baseline critic.")
+    critic_update_freq: int = _arg(
+        1, "--baseline critic: train the critic every N iterations, on the decisions of those N, with its own "
+        "optimiser (the paper: 5). With this and --critic_update_iter at 1, it learns in the policy's step.")
+    critic_update_iter: int = _arg(
+        1, "--baseline critic: passes over those decisions, in minibatches of --per_device_train_batch_size, "
+        "each time the critic is trained (the paper: 5).")
+    critic_layer_type: Literal["linear", "mlp"] = _arg(
+        "linear", "--baseline critic: the value head, one linear layer or an MLP with one hidden layer.")
+    shared_critic: bool = _arg(
+        True, "The critic reads the policy's hidden state (the only critic the paper's code builds; a critic "
+        "with a model of its own is not available).")
     reflect: bool | None = _arg(
         None,
         "Use reflection (RL/eval: default on iff --reflect_load_dir is given; SFT: default "
@@ -248,6 +264,13 @@ class RLArguments(_Group):
         from rl_algorithms import LEARNERS  # the registry is the one list of learners
 
         need(self.trainer in LEARNERS, "trainer", f"{self.trainer!r} is not one of {tuple(LEARNERS)}")
+        if self.use_critic:
+            need(self.baseline in ("none", "critic"), "use_critic", f"asks for a critic, but --baseline is "
+                 f"{self.baseline!r}")
+            self.baseline = "critic"
+        need(self.shared_critic, "shared_critic", "a critic with a model of its own is not available (the paper's "
+             "code does not build one either: it creates the model and drops it); the critic shares the policy's")
+        _at_least(self, 1, "critic_update_freq", "critic_update_iter")
         _at_least(self, 1, "reflect_max_new_tokens", "per_device_eval_batch_size", "ppo_epochs")
         _at_least(self, 0, "replay_buffer_size", "replay_batch_size")
         _positive(self, "temperature", "ppo_clip", "refuel_eta")
@@ -274,9 +297,15 @@ class CurriculumArguments(_Group):
         3, "AutoExplore curriculum: depths beyond the first k levels form one last level.")
     curriculum_index: int | None = _arg(
         None, "Train (or evaluate) one curriculum level only.")
+    few_data: int = _arg(
+        0, "RL: train on the first N problems only: ALFWorld games of the training split (in path order, as the "
+        "paper's --few_data) or AutoExplore tasks of --task_file (0: all). Evaluation is not affected.")
 
     def __post_init__(self) -> None:
         _at_least(self, 1, "merge_after_first_k")
+        _at_least(self, 0, "few_data")
+        need(not self.few_data or getattr(self, "env", None) != "taxi", "few_data",
+             "Taxi has no data set to take a few problems from (its episodes are random starts)")
         _at_least(self, 0, "curriculum_index")
         need(not self.merge_first_two or self.depth_curriculum, "merge_first_two", "needs --depth_curriculum")
         need(self.curriculum_index is None or self.taxi_curriculum or self.depth_curriculum, "curriculum_index",
@@ -297,6 +326,12 @@ class DataArguments(_Group):
     sft_label: Literal["taken", "oracle"] = _arg(
         "taken", "Taxi/ALFWorld gen_sft: label each state with the action taken in the 'oracle + random' "
         "rollout (the paper) or with the oracle's best action.")
+    negatives_at: Literal["path", "target_folder"] = _arg(
+        "path", "AutoExplore reflection_negative: read a wrong file in up to 2 folders on the way to the target, "
+        "one each (path), or read 2 wrong files in the target's own folder (target_folder, the paper's code).")
+    sft_positives: Literal["correct", "all"] = _arg(
+        "correct", "AutoExplore gen_sft: learn from the writer's positive trajectories that identify a target "
+        "(correct), or from all of them, a wrong or no identification included (all, the paper's code).")
     random_prob: float | None = _arg(
         None, "Data generation: probability of a random action instead of the oracle's "
         "(default: 0.9 for Taxi, 0.7 for ALFWorld, as in the paper).")

@@ -54,8 +54,17 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation("PG loss normalisation", "divided by the number of decisions", "by the number of episodes",
               "the gradient of the mean episode cost; per decision, an episode's weight shrinks as the batch's "
               "episodes grow longer", "pg_normalize", "decisions"),
-    Deviation("AutoExplore SFT targets", "the task's file and the files the LLM found relevant",
-              "the task's file", "not yet available (issue 14 open)"),
+    Deviation("AutoExplore targets (RL and evaluation)", "the task's file and every file the data writer "
+              "identified in the task's trajectories; tasks where it identified none left out",
+              "the task's file", "a file the writer identified may be wrong, and then identifying it would be "
+              "rewarded; every task keeps its place", "auto_explore_targets", "writer"),
+    Deviation("AutoExplore negatives", "wrong files read in the target's own folder (2 tries per task)",
+              "one wrong file read in each of up to 2 folders on the way to the target",
+              "the reflector learns to notice a wrong turn at every depth, not only at the end",
+              "negatives_at", "target_folder"),
+    Deviation("AutoExplore SFT positives", "every positive trajectory of the writer, one that identifies a wrong "
+              "file or none included", "only those that identify a target (checked by replaying them)",
+              "imitating a failed search teaches the failure", "sft_positives", "all"),
     Deviation("invalid label", "never masked: any label may be chosen, one not shown is a wasted step",
               "the policy chooses among the labels shown", "a label outside the list teaches nothing and wastes "
               "samples; API models, which cannot be masked, pay a wasted step", "mask_invalid", False),
@@ -73,10 +82,13 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation("AutoExplore step costs", "an output containing the words Error or Warning costs extra",
               "a failed command costs 2 extra, one that told nothing new 1", "reading a file that mentions "
               "errors is not a mistake", "auto_explore_costs", "keywords"),
-    Deviation("RL data subsets", "`--few_data`", "absent", "not yet available (issue 14 open)"),
-    Deviation("critic flags", "`--use_critic`, `--critic_update_freq`, `--critic_update_iter`, `--shared_critic`, "
-              "`--critic_layer_type`", "`--baseline critic`: a linear value head on the policy's hidden state, "
-              "trained with every update", "other critic schedules are not yet available (issue 14 open)"),
+    Deviation("critic training schedule", "every 5 iterations, on their decisions (`--critic_update_freq`)",
+              "with every iteration, in the policy's optimiser step", "the baseline follows the policy as it "
+              "changes; both are flags (`--use_critic` and `--critic_layer_type` are the paper's too)",
+              "critic_update_freq", 5),
+    Deviation("critic passes per training", "5 passes over those decisions, its own optimiser "
+              "(`--critic_update_iter`)", "1", "one pass per iteration already sees every decision once",
+              "critic_update_iter", 5),
     Deviation("model cache folder", "`--cache_dir`", "the `HF_HOME`/`HF_HUB_CACHE` environment variables",
               "the hub reads them for every tool at once"),
 )

@@ -56,6 +56,7 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
             expert=args.alfworld_expert,
             timeout=args.alfworld_timeout,
             block_list=None if run_dir is None else Path(run_dir) / "alfworld_blocklist.txt",
+            few_data=0 if evaluation else args.few_data,
         )
     return kwargs
 

@@ -66,7 +66,7 @@ class ALFWorldEnv(TextEnv):
                  task: str = "pick_and_place_simple-Tomato-None-Microwave", split: str = "train",
                  expert: str = "handcoded", timeout: float = 60.0,
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
-                 problems: list | None = None, render_mode: str | None = None, labels=None):
+                 problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0):
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
         if expert not in EXPERTS:
             raise ValueError(f"ALFWorld expert must be one of {EXPERTS} (--alfworld_expert), got {expert!r}")
@@ -81,6 +81,8 @@ class ALFWorldEnv(TextEnv):
         else:
             self.data_root = resolve_data_root(data_root)
             self.problems = find_problems(self.data_root, split, task)
+        if few_data:  # --few_data: the first N problems only
+            self.problems = self.problems[:few_data]
         self.block_list = None if block_list is None else Path(block_list)
         self.blocked: dict[Path, str] = {}  # trial folder -> why it was blocked
         self._read_block_list()

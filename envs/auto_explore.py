@@ -106,6 +106,33 @@ def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> l
     return [{key: record[key] for key in TASK_FIELDS if key in record} for record in records]
 
 
+def run_tasks(args) -> list[dict]:
+    """The tasks RL and evaluation play: those of ``--task_file``, with ``--auto_explore_targets``.
+
+    ``writer`` (the paper's code): a task's targets are its file and every file the data writer identified
+    in the task's trajectories; a task where the writer identified none is left out.
+    """
+    if args.auto_explore_targets == "task":
+        return load_tasks(args.task_file)
+    flag = "--auto_explore_targets writer"
+    records = load_tasks(args.task_file, whole_records=True)
+    if not any("trajectories" in record for record in records):
+        raise ValueError(f"{flag}: --task_file {args.task_file} holds no trajectories (give the output of "
+                         "reflection_negative or split_data)")
+    tasks = []
+    for record in records:
+        found = [t["filename"] for t in record.get("trajectories", []) if isinstance(t, dict) and t.get("filename")]
+        if found:
+            task = {key: record[key] for key in TASK_FIELDS if key in record}
+            own = task_targets(record["filename"])  # first, so that the task's depth stays its own file's
+            tasks.append(dict(task, filename=own + [path for path in task_targets(found) if path not in own]))
+    if not tasks:
+        raise ValueError(f"{flag}: in --task_file {args.task_file} the writer identified no file in any task")
+    logger.info("%s: %d of %d tasks kept (the others have no file the writer identified)", flag, len(tasks),
+                len(records))
+    return tasks
+
+
 def optimal_path(task: dict) -> list[str]:
     """The shortest command sequence from the repo root: ``cd`` per folder, ``cat`` and ``id`` the target.
 

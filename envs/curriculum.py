@@ -11,7 +11,7 @@
 
 from dataclasses import dataclass, field
 
-from envs.auto_explore import load_tasks, task_depth
+from envs.auto_explore import run_tasks, task_depth
 from envs.taxi import CURRICULA as TAXI_LEVELS
 from envs.taxi import FULL
 
@@ -113,7 +113,8 @@ def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
             return taxi_curriculum(max_steps, args.curriculum_index)
         return single_level(FULL, [{"curriculum": FULL}], max_steps)
     if args.env == "auto_explore":
-        tasks = load_tasks(args.task_file)
+        tasks = run_tasks(args)
+        tasks = tasks[:args.few_data] if args.few_data else tasks
         if args.depth_curriculum:
             return depth_curriculum(tasks, max_steps, args.merge_first_two, args.merge_after_first_k,
                                     args.curriculum_index)

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 import checkpoints
 import models
 from envs import env_kwargs, make_env
-from envs.auto_explore import load_tasks, task_depth
+from envs.auto_explore import run_tasks, task_depth
 from envs.taxi import CURRICULA as TAXI_LEVELS
 from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
@@ -61,7 +61,7 @@ def test_episodes(args, env, reps: int) -> list[EpisodeStart]:
         return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"curriculum": level}, level=level)
                 for level in levels for i in range(reps)]
     if args.env == "auto_explore":
-        tasks = load_tasks(args.task_file)
+        tasks = run_tasks(args)
         return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"task": task}, level=f"depth {task_depth(task)}")
                 for task in tasks for i in range(reps)]
     return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"problem": str(problem)}, level=Path(problem).parent.name)

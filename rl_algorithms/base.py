@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from models import base_model, device
-from rl_algorithms.losses import ValueHead, cost_to_go
+from rl_algorithms.losses import ValueHead, cost_to_go, value_loss
 from rollout import Decision, Episode, EpisodeStart, PolicyScorer, entropy_of
 
 Play = Callable[[list[EpisodeStart], np.random.Generator], list[Episode]]
@@ -48,6 +48,7 @@ class Scored:
     decisions: list[Decision]
     logprobs: torch.Tensor  # log pi(a|s) of each decision's action
     values: torch.Tensor | None  # the critic's cost-to-go estimates, when there is a critic
+    hidden: torch.Tensor | None  # the policy's hidden states the critic read (detached), when there is one
     entropy: torch.Tensor | None  # entropy of each decision's label distribution, when --entropy_coef > 0
 
 
@@ -67,11 +68,20 @@ class Learner:
         self.args, self.scorer, self.accelerator = args, scorer, accelerator
         self.critic = None
         if args.baseline == "critic":
-            self.critic = ValueHead(base_model(scorer.policy).config.hidden_size).to(device())
+            self.critic = ValueHead(base_model(scorer.policy).config.hidden_size, args.critic_layer_type).to(device())
+        # The critic learns in the policy's optimiser step (ours), or on the paper's schedule: every
+        # --critic_update_freq iterations, --critic_update_iter passes, with an optimiser of its own.
+        self.critic_schedule = self.critic is not None and (args.critic_update_freq, args.critic_update_iter) != (1, 1)
         self.params = [p for p in scorer.policy.parameters() if p.requires_grad]
-        if self.critic is not None:
+        if self.critic is not None and not self.critic_schedule:
             self.params += list(self.critic.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        if self.critic_schedule:
+            self.critic_params = list(self.critic.parameters())
+            self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=args.learning_rate,
+                                                     weight_decay=args.weight_decay)
+            self.critic_data: list[tuple[torch.Tensor, torch.Tensor]] = []  # (hidden, cost-to-go) to learn from
+            self.iterations_since_critic = 0
 
     def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
         raise NotImplementedError
@@ -79,11 +89,21 @@ class Learner:
     # --- state saved in checkpoints (the optimiser is saved by the loop) ----------------------
 
     def state_dict(self) -> dict:
-        return {"critic": self.critic.state_dict() if self.critic is not None else None}
+        state = {"critic": self.critic.state_dict() if self.critic is not None else None}
+        if self.critic_schedule:
+            state["critic_schedule"] = {"optimizer": self.critic_optimizer.state_dict(),
+                                        "data": [list(pair) for pair in self.critic_data],
+                                        "iterations": self.iterations_since_critic}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
+        if self.critic_schedule:
+            schedule = state["critic_schedule"]
+            self.critic_optimizer.load_state_dict(schedule["optimizer"])
+            self.critic_data = [tuple(pair) for pair in schedule["data"]]
+            self.iterations_since_critic = schedule["iterations"]
 
     # --- pieces for subclasses --------------------------------------------------------------------
 
@@ -96,9 +116,57 @@ class Learner:
                                           with_hidden=self.critic is not None)
             logp = scores.logprobs
             chosen = logp.gather(1, torch.tensor([[d.action] for d in chunk], device=logp.device)).squeeze(1)
-            values = self.critic(scores.hidden.detach()) if self.critic is not None else None
+            hidden = scores.hidden.detach() if self.critic is not None else None
+            values = self.critic(hidden) if self.critic is not None else None
             entropy = entropy_of(logp) if self.args.entropy_coef > 0 else None
-            yield Scored(start, chunk, chosen, values, entropy)
+            yield Scored(start, chunk, chosen, values, hidden, entropy)
+
+    def critic_term(self, scored: Scored, q_chunk: torch.Tensor, num_decisions: int,
+                    collect: bool = True) -> torch.Tensor | float:
+        """The critic's part of a minibatch's loss: its squared error, weighted by the minibatch's share
+        of the batch's decisions, when it learns in the policy's step; 0 on the paper's schedule, where the
+        minibatch is kept (``collect``) for :meth:`train_critic_on_schedule`."""
+        if scored.values is None:
+            return 0.0
+        if not self.critic_schedule:
+            return value_loss(scored.values, q_chunk) * len(scored.decisions) / num_decisions
+        if collect:
+            self.critic_data.append((scored.hidden.cpu(), q_chunk.detach().cpu()))
+        return 0.0
+
+    def train_critic_on_schedule(self, rng: np.random.Generator) -> float | None:
+        """Every ``--critic_update_freq`` iterations: ``--critic_update_iter`` shuffled passes over the
+        decisions kept since, in minibatches of ``--per_device_train_batch_size``, each an optimiser step
+        on the critic alone. Returns the mean squared error of those steps, or None when not yet due."""
+        if not self.critic_schedule:
+            return None
+        self.iterations_since_critic += 1
+        if self.iterations_since_critic < self.args.critic_update_freq:
+            return None
+        hidden = torch.cat([h for h, _ in self.critic_data]) if self.critic_data else torch.zeros(0, 1)
+        q = torch.cat([c for _, c in self.critic_data]) if self.critic_data else torch.zeros(0)
+        size, losses = self.args.per_device_train_batch_size, []
+        for _ in range(self.args.critic_update_iter):
+            order = torch.from_numpy(rng.permutation(len(q)))
+            batches = [order[i:i + size] for i in range(0, len(q), size)]
+            for number in range(self.agreed_count(len(batches))):  # ranks step together
+                loss = 0.0
+                if number < len(batches):
+                    index = batches[number]
+                    loss = value_loss(self.critic(hidden[index].to(device())), q[index].to(device()))
+                    loss.backward()
+                    loss = loss.item()
+                    losses.append(loss)
+                self.step(loss, self.critic_params, self.critic_optimizer)
+        self.critic_data, self.iterations_since_critic = [], 0
+        return sum(losses) / len(losses) if losses else None
+
+    def agreed_count(self, count: int) -> int:
+        """The largest ``count`` over the ranks (``count`` itself in one process)."""
+        if self.accelerator.num_processes == 1:
+            return count
+        mine = torch.tensor(float(count), device=self.accelerator.device)
+        return int(self.accelerator.reduce(mine, reduction="max").item())
 
     def entropy_bonus(self, scored: Scored, num_episodes: int) -> torch.Tensor | float:
         """``--entropy_coef`` times the minibatch's summed entropy per episode (subtracted from a loss)."""
@@ -114,27 +182,31 @@ class Learner:
             return values.detach()
         return 0.0
 
-    def step(self, loss: float) -> tuple[bool, float | None]:
-        """Average gradients over ranks, clip, and take one optimiser step.
+    def step(self, loss: float, params: list | None = None,
+             optimizer: torch.optim.Optimizer | None = None) -> tuple[bool, float | None]:
+        """Average gradients over ranks, clip, and take one optimiser step (of the policy, unless other
+        ``params`` and their ``optimizer`` are given).
 
         Returns (applied, gradient norm before clipping). A non-finite loss or gradient on
         any rank skips the step on every rank (applied False, norm None).
         """
         accelerator = self.accelerator
-        for p in self.params:
+        params = self.params if params is None else params
+        optimizer = self.optimizer if optimizer is None else optimizer
+        for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         if accelerator.num_processes > 1:
-            for p in self.params:
+            for p in params:
                 p.grad = accelerator.reduce(p.grad, reduction="mean")
         finite = torch.tensor(float(math.isfinite(loss) and all(bool(torch.isfinite(p.grad).all())
-                                                                for p in self.params)))
+                                                                for p in params)))
         if accelerator.num_processes > 1:
             finite = accelerator.reduce(finite.to(accelerator.device), reduction="min").cpu()
         if not bool(finite):
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             return False, None
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.args.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return True, float(norm)

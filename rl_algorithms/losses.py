@@ -55,13 +55,27 @@ def value_loss(values: torch.Tensor, costs_to_go: torch.Tensor) -> torch.Tensor:
 
 
 class ValueHead(nn.Module):
-    """A critic on the policy's last hidden state at the action marker: predicts the cost-to-go."""
+    """A critic on the policy's last hidden state at the action marker: predicts the cost-to-go.
 
-    def __init__(self, hidden_size: int):
+    ``linear`` (one layer) or ``mlp`` (a hidden layer of the same width, LayerNorm and ReLU, the
+    paper's ``--critic_layer_type mlp``). The output layer starts at zero, so the first baseline is 0.
+    """
+
+    def __init__(self, hidden_size: int, layer_type: str = "linear"):
         super().__init__()
+        if layer_type not in ("linear", "mlp"):
+            raise ValueError(f"--critic_layer_type: {layer_type!r} is not linear or mlp")
         self.linear = nn.Linear(hidden_size, 1)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
+        self.hidden = None
+        if layer_type == "mlp":
+            first = nn.Linear(hidden_size, hidden_size)
+            nn.init.xavier_uniform_(first.weight)
+            nn.init.zeros_(first.bias)
+            self.hidden = nn.Sequential(first, nn.LayerNorm(hidden_size), nn.ReLU())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.hidden is not None:
+            hidden = self.hidden(hidden)
         return self.linear(hidden).squeeze(-1)

@@ -5,15 +5,16 @@ episodes drawn from a buffer of the last ``--replay_buffer_size`` successes (``-
 separate``, the paper's code: a step on the fresh episodes, then a step on one success drawn
 with replacement; the buffer is emptied at each new curriculum level); with
 ``--baseline critic`` a value head on the policy's hidden state learns the cost-to-go
-alongside.
+alongside (in the policy's step, or on the paper's ``--critic_update_freq`` schedule).
 """
 
 from collections import deque
 
 import numpy as np
+import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.losses import pg_loss, value_loss
+from rl_algorithms.losses import pg_loss
 from rollout import Episode
 
 
@@ -30,7 +31,7 @@ class PolicyGradient(Learner):
         total, applied, grad_norm, critic_total = self._train(episodes + replayed)
         for episode in episodes:
             self.replay.add(episode.to_dict())
-        return self._result(total, applied, grad_norm, critic_total, len(replayed))
+        return self._result(total, applied, grad_norm, critic_total, len(replayed), rng)
 
     def _update_separately(self, episodes: list[Episode], rng: np.random.Generator) -> UpdateResult:
         """The paper's replay: a step on the fresh episodes, then one on a success drawn (with replacement)
@@ -41,9 +42,10 @@ class PolicyGradient(Learner):
             self.level = level
         drawn = [Episode.from_dict(e) for e in self.replay.draw(1, rng)]
         total, applied, grad_norm, critic_total = self._train(episodes)
-        result = self._result(total, applied, grad_norm, critic_total, len(drawn))
         if drawn:
             replay_loss, replay_applied, _, _ = self._train(drawn)
+        result = self._result(total, applied, grad_norm, critic_total, len(drawn), rng)
+        if drawn:
             result.metrics["replay_loss"] = replay_loss
             result.metrics["replay_applied"] = replay_applied
         for episode in episodes:
@@ -61,8 +63,8 @@ class PolicyGradient(Learner):
             q_chunk = q[scored.start:scored.start + len(scored.decisions)].to(scored.logprobs.device)
             loss = pg_loss(scored.logprobs, q_chunk, self.baseline(q.to(q_chunk.device), scored.values), norm)
             loss = loss - self.entropy_bonus(scored, norm)
-            if scored.values is not None:
-                critic_loss = value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
+            critic_loss = self.critic_term(scored, q_chunk, len(decisions))
+            if torch.is_tensor(critic_loss):
                 critic_total += critic_loss.item()
                 loss = loss + critic_loss
             loss.backward()
@@ -70,9 +72,12 @@ class PolicyGradient(Learner):
         applied, grad_norm = self.step(total)
         return total, applied, grad_norm, critic_total
 
-    def _result(self, total: float, applied: bool, grad_norm, critic_total: float, replayed: int) -> UpdateResult:
+    def _result(self, total: float, applied: bool, grad_norm, critic_total: float, replayed: int,
+                rng: np.random.Generator) -> UpdateResult:
         metrics = {"grad_norm": grad_norm, "replayed": replayed, "replay_size": len(self.replay)}
-        if self.critic is not None:
+        if self.critic_schedule:
+            metrics["critic_loss"] = self.train_critic_on_schedule(rng)
+        elif self.critic is not None:
             metrics["critic_loss"] = critic_total
         return UpdateResult(total, applied, metrics)
 

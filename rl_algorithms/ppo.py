@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.losses import ppo_loss, value_loss
+from rl_algorithms.losses import ppo_loss
 from rollout import Episode
 
 
@@ -19,7 +19,7 @@ class PPO(Learner):
         old = torch.tensor([d.logprob for d in decisions])
         clip = self.args.ppo_clip
         applied = True
-        for _ in range(self.args.ppo_epochs):
+        for epoch in range(self.args.ppo_epochs):
             total, log_ratios = 0.0, []
             for scored in self.score(decisions):
                 end = scored.start + len(scored.decisions)
@@ -28,8 +28,7 @@ class PPO(Learner):
                 loss = ppo_loss(scored.logprobs, old_chunk, q_chunk,
                                 self.baseline(q.to(q_chunk.device), scored.values), clip, len(episodes))
                 loss = loss - self.entropy_bonus(scored, len(episodes))
-                if scored.values is not None:
-                    loss = loss + value_loss(scored.values, q_chunk) * len(scored.decisions) / len(decisions)
+                loss = loss + self.critic_term(scored, q_chunk, len(decisions), collect=epoch == 0)
                 loss.backward()
                 total += loss.item()
                 log_ratios.append((scored.logprobs.detach() - old_chunk).cpu())
@@ -37,7 +36,9 @@ class PPO(Learner):
             applied = applied and ok
         log_ratio = torch.cat(log_ratios) if log_ratios else torch.zeros(0)
         ratio = log_ratio.exp()
+        critic = {"critic_loss": self.train_critic_on_schedule(rng)} if self.critic_schedule else {}
         return UpdateResult(total, applied, {
+            **critic,
             "grad_norm": grad_norm,
             "ppo_ratio_max": float(ratio.max()) if len(ratio) else 1.0,
             # the low-variance estimator of KL(behaviour || current): E[(r - 1) - log r]

@@ -122,8 +122,13 @@ def test_env_kwargs_builds_alfworld(make_args):
     eval_env = make_env("alfworld", **env_kwargs(args, evaluation=True))
     assert isinstance(train_env, ALFWorldEnv) and train_env.horizon == ALFWorldEnv.default_horizon
     assert len(train_env.problems) == 7 and len(eval_env.problems) == 4
-    train_env.close()
-    eval_env.close()
+    few = make_env("alfworld", **env_kwargs(make_args(env="alfworld", alfworld_data=str(TOMATO), few_data=2)))
+    few_eval = make_env("alfworld", **env_kwargs(make_args(env="alfworld", alfworld_data=str(TOMATO), few_data=2),
+                                                 evaluation=True))
+    assert few.problems == train_env.problems[:2], "--few_data: the first N training games, in path order"
+    assert few_eval.problems == eval_env.problems, "--few_data leaves evaluation alone"
+    for env in (train_env, eval_env, few, few_eval):
+        env.close()
 
 
 # --- playing the fixture ---------------------------------------------------------------

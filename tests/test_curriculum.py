@@ -1,9 +1,12 @@
-"""Curricula: Taxi thirds, AutoExplore depth levels, proportional schedules, one level."""
+"""Curricula: Taxi thirds, AutoExplore depth levels, proportional schedules, one level; the tasks a run plays."""
+
+import json
 
 import pytest
 
-from envs.auto_explore import task_depth
-from envs.curriculum import depth_curriculum, proportional_steps, taxi_curriculum
+from envs.auto_explore import AutoExploreEnv, run_tasks, task_depth
+from envs.curriculum import curriculum_from_args, depth_curriculum, proportional_steps, taxi_curriculum
+from tests.auto_explore_repos import TARGET, build_repo, make_task, run
 
 
 def _tasks(depth_counts):
@@ -50,3 +53,63 @@ def test_merge_first_two_and_after_first_k():
     assert [level.name for level in unmerged.levels] == ["depth 0", "depth 1", "depth 2+3+4+5"]
     one = depth_curriculum(tasks, 30, merge_first_two=True, index=0)
     assert len(one.levels) == 1 and len(one.levels[0].tasks) == 10 and one.steps == [30]
+
+
+# --- the tasks an AutoExplore run plays: --auto_explore_targets and --few_data --------------------
+
+
+def _trajectory(filename, info="positive0"):
+    return {"model_name": "gpt-4", "trajectory": [], "filename": filename, "info": info}
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    records = [
+        {**make_task("repo_a", filename="src/a.py"),
+         "trajectories": [_trajectory("docs/a.md"), _trajectory(None, "negative0"), _trajectory("src/a.py")]},
+        {**make_task("repo_b", filename="b.py"), "trajectories": [_trajectory(None), _trajectory(None, "negative1")]},
+        {**make_task("repo_c", filename="x/y/c.py"), "trajectories": [_trajectory("x/z.py")]},
+    ]
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_writer_targets_add_the_files_the_writer_identified_and_drop_tasks_with_none(make_args, task_file):
+    assert [t["filename"] for t in run_tasks(make_args(task_file=str(task_file)))] == ["src/a.py", "b.py",
+                                                                                       "x/y/c.py"]
+    tasks = run_tasks(make_args(task_file=str(task_file), auto_explore_targets="writer"))
+    assert [t["filename"] for t in tasks] == [["src/a.py", "docs/a.md"], ["x/y/c.py", "x/z.py"]]
+    assert [task_depth(t) for t in tasks] == [1, 2], "a task's depth stays its own file's"
+    assert all("trajectories" not in t for t in tasks)
+
+
+def test_a_writer_file_is_a_target_the_env_accepts(make_args, tmp_path):
+    repo = build_repo(tmp_path / "repo")
+    record = {**make_task(repo, filename=TARGET), "trajectories": [_trajectory("main.py")]}
+    (tmp_path / "t.json").write_text(json.dumps([record]))
+    (task,) = run_tasks(make_args(task_file=str(tmp_path / "t.json"), auto_explore_targets="writer"))
+    env = AutoExploreEnv(tasks=[task])
+    env.reset(seed=0)
+    (outcome,) = run(env, ["id main.py"])
+    assert outcome[1] and outcome[3]["correct"]
+    env.close()
+
+
+def test_writer_targets_need_trajectories_and_an_identified_file(make_args, tmp_path):
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps([make_task("repo", filename="a.py")]))
+    with pytest.raises(ValueError, match="--auto_explore_targets writer: --task_file .*bare.json holds no traj"):
+        run_tasks(make_args(task_file=str(bare), auto_explore_targets="writer"))
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps([{**make_task("repo", filename="a.py"), "trajectories": [_trajectory(None)]}]))
+    with pytest.raises(ValueError, match="the writer identified no file in any task"):
+        run_tasks(make_args(task_file=str(none), auto_explore_targets="writer"))
+
+
+def test_few_data_trains_on_the_first_tasks_only(make_args, task_file):
+    args = make_args(env="auto_explore", task_file=str(task_file), few_data=2, max_steps=4)
+    (level,) = curriculum_from_args(args).levels
+    assert [o["task"]["filename"] for o in level.options] == ["src/a.py", "b.py"]
+    with pytest.raises(ValueError, match="--few_data: Taxi has no data set"):
+        make_args(env="taxi", few_data=2)

@@ -223,6 +223,48 @@ def test_negatives_read_a_wrong_file_then_correct(chain):
     assert {0, 1} <= levels
 
 
+def test_negatives_in_the_target_folder_as_the_papers_code(chain, tmp_path):
+    args = make(task_file=chain.filtered / "data.json", repo_dir=chain.repos, output_dir=tmp_path,
+                negatives_at="target_folder")
+    assert reflection_negative.main(args) == 0
+    records = json.loads((tmp_path / "data_reflection_negative.json").read_text())
+    made = 0
+    for record in records:
+        folders = [cmd for cmd in record["optimal_path"] if cmd.startswith("cd ")]
+        target = task_targets(record["filename"])[0]
+        negatives = record["trajectories"][1:]
+        assert [n["info"] for n in negatives] == [f"negative{i}" for i in range(len(negatives))]
+        wrong = [n["trajectory"][-2]["cmd"] for n in negatives]
+        assert len(set(wrong)) == len(wrong) <= 2, "different wrong files"
+        for negative in negatives:
+            steps = negative["trajectory"]
+            assert [s["cmd"] for s in steps[:-2]] == folders, "all the way down to the target's folder"
+            assert steps[-2]["cmd"] != f"cat {target.split('/')[-1]}"
+            assert steps[-1]["cmd"] == f"cat {target.split('/')[-1]}"
+        made += len(negatives)
+    assert made > 0
+    assert any(len(r["trajectories"]) == 3 for r in records), "two negatives where the folder has two wrong files"
+    default = json.loads((chain.filtered / "data_reflection_negative.json").read_text())
+    assert [r["trajectories"][0] for r in records] == [r["trajectories"][0] for r in default]
+
+
+def test_gen_sft_learns_from_failed_positives_only_when_asked(chain, tmp_path, capsys):
+    task = {"question": "Which file defines the function `run`?", "answer": "pkg/core.py", "filename": "pkg/core.py",
+            "root": "alpha", "n_level": 1, "model": "oracle"}
+    task["optimal_path"] = optimal_path(task)
+    failed = {"model_name": "gpt-4", "filename": "README.md", "info": "positive0",
+              "trajectory": [{"reflection": "The README should say.", "cmd": "cat README.md"},
+                             {"reflection": "It does.", "cmd": "id README.md"}]}
+    write(tmp_path / "train.json", json.dumps([{**task, "trajectories": [failed]}]))
+    for positives, used in (("correct", 0), ("all", 2)):
+        out = tmp_path / positives
+        assert gen_sft.main(make(task_file=tmp_path / "train.json", repo_dir=chain.repos, output_dir=out,
+                                 sft_positives=positives)) == 0
+        assert len(read_jsonl(out / "sft_policy_positive.jsonl")) == used
+    summary = capsys.readouterr().out
+    assert "skipped: no target identified: 1" in summary and "positives used without a target identified: 1" in summary
+
+
 def test_reflection_negative_resumes_to_the_same_output(chain, tmp_path, monkeypatch):
     real, calls = reflection_negative.task_trajectories, {"n": 0}
 

@@ -8,6 +8,7 @@ from accelerate import Accelerator
 import models
 from envs import make_env
 from rl_algorithms import LEARNERS, UpdateResult
+from rl_algorithms.base import flat_decisions
 from rollout import EpisodeStart, TwoPlayerRollout
 
 
@@ -124,3 +125,65 @@ def test_entropy_bonus_raises_the_policy_entropy(toy, trainer):
         learner.update(episodes, play, rng)
         after[coef] = _mean_entropy(learner, episodes)
     assert after[5.0] > after[0.0] and after[5.0] > before - 1e-6
+
+
+def _critic_weights(learner):
+    return [p.detach().clone() for p in learner.critic.parameters()]
+
+
+@pytest.mark.parametrize("trainer", ["pg", "ppo"])
+def test_the_papers_critic_schedule_trains_the_critic_every_n_iterations_with_its_own_optimiser(toy, trainer):
+    learner, episodes, play, rng = toy(trainer, use_critic=True, critic_update_freq=2, critic_update_iter=3,
+                                       critic_layer_type="mlp", ppo_epochs=2)
+    assert learner.args.baseline == "critic" and learner.critic_schedule
+    critic_ids = {id(p) for p in learner.critic.parameters()}
+    assert not critic_ids & {id(p) for p in learner.params}, "the policy's optimiser does not step the critic"
+    decisions = sum(len(e.decisions) for e in episodes)
+
+    start = _critic_weights(learner)
+    first = learner.update(episodes, play, rng)
+    assert first.metrics["critic_loss"] is None, "not due after one iteration"
+    assert all(torch.equal(a, b) for a, b in zip(start, _critic_weights(learner)))
+    assert sum(len(q) for _, q in learner.critic_data) == decisions, "each decision kept once (PPO: first epoch)"
+
+    second = learner.update(episodes, play, rng)
+    assert np.isfinite(second.metrics["critic_loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(start, _critic_weights(learner)))
+    steps = {int(s["step"]) for s in learner.critic_optimizer.state_dict()["state"].values()}
+    size = learner.args.per_device_train_batch_size
+    assert steps == {3 * -(-2 * decisions // size)}, "3 passes over both iterations' decisions, in minibatches"
+    assert learner.critic_data == [] and learner.iterations_since_critic == 0
+
+
+def test_the_critic_schedule_lowers_the_critics_error_and_round_trips(toy):
+    learner, episodes, _, rng = toy("pg", baseline="critic", critic_update_freq=1, critic_update_iter=20,
+                                    learning_rate=1e-2)
+    decisions, q = flat_decisions(episodes)
+    with torch.no_grad():
+        hidden = learner.scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions],
+                                         with_hidden=True).hidden
+
+    def error():
+        with torch.no_grad():
+            return float(((learner.critic(hidden) - q) ** 2).mean())
+
+    before = error()
+    learner.critic_data = [(hidden, q)]
+    assert learner.train_critic_on_schedule(rng) is not None
+    assert error() < 0.5 * before
+    learner.critic_data, learner.iterations_since_critic = [(hidden[:2], q[:2])], 0
+    clone, _, _, _ = toy("pg", baseline="critic", critic_update_freq=1, critic_update_iter=20)
+    clone.load_state_dict(learner.state_dict())
+    assert clone.critic_optimizer.state_dict()["state"] and torch.equal(clone.critic_data[0][0], hidden[:2])
+    for key, value in learner.critic.state_dict().items():
+        assert torch.equal(clone.critic.state_dict()[key], value)
+
+
+def test_critic_flags(make_args):
+    assert make_args(use_critic=True).baseline == "critic"
+    with pytest.raises(ValueError, match="--use_critic: asks for a critic, but --baseline is 'mean'"):
+        make_args(use_critic=True, baseline="mean")
+    with pytest.raises(ValueError, match="--shared_critic: a critic with a model of its own is not available"):
+        make_args(shared_critic=False)
+    with pytest.raises(ValueError, match="--critic_update_freq: must be >= 1"):
+        make_args(critic_update_freq=0)

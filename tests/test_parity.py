@@ -73,7 +73,9 @@ def _rl_argv(tmp_path, env_argv):
 def _auto_explore_argv(tmp_path):
     repo = build_repo(tmp_path / "repos" / "repo")
     task_file = tmp_path / "tasks.json"
-    task_file.write_text(json.dumps([dict(make_task(repo), root="repo")]))
+    # as the paper's train.json: with the writer's trajectories (--auto_explore_targets writer reads them)
+    trajectory = {"model_name": "gpt-4", "trajectory": [], "filename": "main.py", "info": "positive0"}
+    task_file.write_text(json.dumps([dict(make_task(repo), root="repo", trajectories=[trajectory])]))
     return ["--env=auto_explore", f"--task_file={task_file}", f"--repo_dir={tmp_path / 'repos'}"]
 
 

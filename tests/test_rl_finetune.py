@@ -54,8 +54,10 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
         assert key in records[0], key
 
 
-def test_resume_is_exact(make_args, tmp_path):
-    common = {**FAST, "trainer": "pg", "baseline": "mean", "replay_batch_size": 4}
+@pytest.mark.parametrize("baseline", [{"baseline": "mean"},  # the critic below trains at iteration 3, on 1-3:
+                                      {"use_critic": True, "critic_update_freq": 3, "critic_update_iter": 2}])
+def test_resume_is_exact(make_args, tmp_path, baseline):
+    common = {**FAST, "trainer": "pg", **baseline, "replay_batch_size": 4}
     assert rl_finetune.main(make_args(**common, max_steps=4, save_steps=2)) == 0
     (straight,) = _runs(tmp_path)
     assert rl_finetune.main(make_args(**common, max_steps=4, save_steps=2,
@@ -73,6 +75,13 @@ def test_resume_is_exact(make_args, tmp_path):
         assert x["success"] == y["success"] and x["loss"] == pytest.approx(y["loss"], abs=1e-6)
     replay = torch.load(straight / "checkpoint-4" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
     assert replay["state"]["ranks"][0]["learner"]["replay"]["episodes"], "the test should exercise the replay buffer"
+    if "use_critic" in baseline:
+        assert [r["critic_loss"] is not None for r in resumed_log] == [False, False, True, False]
+        critics = [torch.load(run / "checkpoint-4" / checkpoints.TRAINER_STATE_FILE, weights_only=True)["state"]
+                   ["ranks"][0]["learner"] for run in (straight, resumed)]
+        for key, value in critics[0]["critic"].items():
+            assert torch.equal(critics[1]["critic"][key], value), key
+        assert critics[0]["critic_schedule"]["iterations"] == 1 and critics[0]["critic_schedule"]["data"]
 
 
 def test_nan_loss_skips_the_update(make_args, tmp_path, monkeypatch):

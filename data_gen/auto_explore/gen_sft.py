@@ -4,7 +4,8 @@ Each trajectory is replayed in a fresh AutoExplore episode (no leave-out; with
 ``--shuffle_action`` the labels come from a seeded reset, see :func:`replay_seed`), so
 every text holds exactly the observation and the label a rollout would show. Used:
 
-* positives that identify a target (checked by the replay): every step;
+* positives that identify a target (checked by the replay): every step (``--sft_positives all``,
+  the paper's code: every positive, one that identifies a wrong file or none included);
 * negatives: only the corrective last step, the one after the wrong ``cat``.
 
 Five files next to the task file (or in ``--output_dir``), each line ``{"text": ...}``
@@ -57,13 +58,15 @@ def replay(env: AutoExploreEnv, task: dict, trajectory: dict, seed: int) -> tupl
     return states, info
 
 
-def trajectory_texts(env: AutoExploreEnv, task: dict, trajectory: dict, seed: int, counts: Counter):
-    """The (obs, label, reflection) states that become SFT texts, and whether they are positive."""
+def trajectory_texts(env: AutoExploreEnv, task: dict, trajectory: dict, seed: int, counts: Counter,
+                     all_positives: bool = False):
+    """The (obs, label, reflection) states that become SFT texts, and whether they are positive.
+    ``all_positives`` (``--sft_positives all``) keeps positives that identify no target."""
     positive = trajectory["info"].startswith("positive")
     if not trajectory["trajectory"]:
         counts["skipped: empty trajectory"] += 1
         return [], positive
-    if positive and trajectory.get("filename") is None:
+    if positive and trajectory.get("filename") is None and not all_positives:
         counts["skipped: no target identified"] += 1
         return [], positive
     try:
@@ -74,8 +77,10 @@ def trajectory_texts(env: AutoExploreEnv, task: dict, trajectory: dict, seed: in
         counts["skipped: cannot replay"] += 1
         return [], positive
     if positive and not info.get("correct"):
-        counts["skipped: no target identified"] += 1
-        return [], positive
+        if not all_positives:
+            counts["skipped: no target identified"] += 1
+            return [], positive
+        counts["positives used without a target identified"] += 1
     used = states if positive else states[-1:]
     if any(reflection is None for _, _, reflection in used):
         counts["skipped: step without reflection"] += 1
@@ -100,7 +105,7 @@ def main(args) -> int:
                                  "(give the output of reflection_negative or split_data)")
             for index, trajectory in enumerate(record["trajectories"]):
                 used, positive = trajectory_texts(env, record, trajectory, replay_seed(args.seed, record, index),
-                                                  counts)
+                                                  counts, all_positives=args.sft_positives == "all")
                 for obs, label, reflection in used:
                     plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection)
                     texts["sft.jsonl"].append(plain)

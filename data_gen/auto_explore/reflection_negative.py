@@ -12,7 +12,9 @@ the writer drives an AutoExplore episode (no leave-out, ``--horizon``):
   way to the target, follow the optimal path to that folder, ``cat`` a wrong file there
   (a seeded choice; folders with no other file are skipped), and ask the writer for a
   "that was a wrong file" reflection and the next command. At most
-  :data:`MAX_NEGATIVES` per task (a seeded choice of folders). The scripted steps
+  :data:`MAX_NEGATIVES` per task (a seeded choice of folders). With ``--negatives_at
+  target_folder`` (the paper's code) they are all in the target's folder, each reading another
+  wrong file there (``info: "negative0"``, ``"negative1"``). The scripted steps
   (the optimal prefix and the wrong ``cat``) carry ``reflection: null``; only the
   corrective last step is written by the writer.
 
@@ -202,8 +204,10 @@ def wrong_files(env: AutoExploreEnv, info: dict) -> list[str]:
             if cmd.startswith("cat ") and here + shlex.split(cmd[4:])[0] not in env.targets]
 
 
-def negatives(args, client, env: AutoExploreEnv, task: dict, rng, counts: Counter) -> list[dict]:
-    folders = [cmd for cmd in optimal_path(task) if cmd.startswith("cd ")]
+def negative_places(args, env: AutoExploreEnv, task: dict, folders: list[str], rng) -> list[tuple[int, str]]:
+    """(folder level, wrong ``cat``) of each negative, by ``--negatives_at``: ``path``, one wrong file in
+    each of up to :data:`MAX_NEGATIVES` folders on the optimal path; ``target_folder`` (the paper's code), up
+    to :data:`MAX_NEGATIVES` different wrong files in the target's folder."""
     # One pass down the optimal path finds, per folder level, the wrong files there.
     _, info = env.reset(seed=rng_seed(rng), options={"task": task})
     choices = {}
@@ -211,12 +215,20 @@ def negatives(args, client, env: AutoExploreEnv, task: dict, rng, counts: Counte
         choices[level] = wrong_files(env, info)
         if level < len(folders):
             _, _, _, _, info = env.step(env.label_of(folders[level]))
+    if args.negatives_at == "target_folder":
+        wrong = choices[len(folders)]
+        picks = rng.choice(len(wrong), size=min(MAX_NEGATIVES, len(wrong)), replace=False) if wrong else []
+        return [(len(folders), wrong[int(i)]) for i in sorted(picks)]
     levels = [level for level, wrong in choices.items() if wrong]
     if len(levels) > MAX_NEGATIVES:
         levels = sorted(int(x) for x in rng.choice(levels, size=MAX_NEGATIVES, replace=False))
+    return [(level, choices[level][int(rng.integers(len(choices[level])))]) for level in levels]
+
+
+def negatives(args, client, env: AutoExploreEnv, task: dict, rng, counts: Counter) -> list[dict]:
+    folders = [cmd for cmd in optimal_path(task) if cmd.startswith("cd ")]
     made = []
-    for level in levels:
-        wrong = choices[level][int(rng.integers(len(choices[level])))]
+    for number, (level, wrong) in enumerate(negative_places(args, env, task, folders, rng)):
         obs, info = env.reset(seed=rng_seed(rng), options={"task": task})
         steps = []
         for command in [*folders[:level], wrong]:
@@ -232,7 +244,7 @@ def negatives(args, client, env: AutoExploreEnv, task: dict, rng, counts: Counte
             continue
         steps.append({"reflection": choice[0], "cmd": choice[1]})
         made.append({"model_name": model_name(args), "trajectory": steps, "filename": None,
-                     "info": f"negative{level}"})
+                     "info": f"negative{level}" if args.negatives_at == "path" else f"negative{number}"})
     return made
 
 
@@ -258,7 +270,8 @@ def main(args) -> int:
         client = make_client(args)
         with pool.env() as env:
             horizon = env.horizon
-        journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, horizon))
+        journal = Journal(out_dir, journal_name("reflection_negative", model_name(args), args.seed, horizon,
+                                                *(["target_folder"] if args.negatives_at == "target_folder" else [])))
         items = [(task_key(task), task) for task in tasks]
 
         def work(task: dict) -> dict | Unfinished:
