@@ -50,7 +50,8 @@ class ALFWorldEnv(TextEnv):
 
     ``options={"problem": path}`` at reset plays that trial folder (``RuntimeError`` if it
     fails or is blocked); otherwise a problem is drawn from ``self.problems`` minus the blocked
-    ones. ``info["problem"]`` names the trial folder being played.
+    ones. ``info["problem"]`` names the trial folder being played. ``few_data`` (``--few_data``) keeps
+    the first N problems only.
     """
 
     default_horizon = 30
