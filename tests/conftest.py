@@ -1,6 +1,8 @@
 """Shared fixtures: offline, seeded, the tiny model, temporary run directories."""
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +15,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from experiment_args import ScriptArguments  # noqa: E402
+from paths import SHARED_DIR  # noqa: E402
 
 
 @pytest.fixture
@@ -39,6 +42,19 @@ def tiny_tokenizer(tiny_path):
     import models
 
     return models.load_tokenizer("tiny-gpt2")
+
+
+def copy_repository(destination: Path) -> Path:
+    """The repository's tracked files copied to ``destination/repo``, with ``shared`` beside it
+    (as ``../shared`` is beside the checkout): the copy's own default paths then lie in it."""
+    work = destination / "repo"
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in tracked.splitlines():
+        if (REPO / name).is_file():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, work / name)
+    (destination / "shared").symlink_to(SHARED_DIR)
+    return work
 
 
 def snapshot(folder: Path) -> dict:

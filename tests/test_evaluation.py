@@ -233,6 +233,20 @@ def test_plot_overlays_runs(tmp_path):
     assert list(plot.moving_average([1, 2, 3, 4], 2)) == [1.0, 1.5, 2.5, 3.5]
 
 
+def test_plot_with_no_run_named_draws_the_newest_rl_run(make_args, tmp_path, capsys):
+    results = tmp_path / "results"
+    with pytest.raises(ValueError, match="--expdirs: no run named and no rl_finetune run in --ckpt_path"):
+        plot.main(make_args())
+    for run in ("3_rl_finetune", "12_rl_finetune", "13_evaluate"):
+        logger = metrics.MetricLogger(results / run, tensorboard=False)
+        for step in range(1, 4):
+            logger.log(step, {"success": 0.5, "cost": 1.0, "loss": 1.0})
+        logger.close()
+    assert plot.main(make_args()) == 0
+    assert f"plotting the newest RL run, {results / '12_rl_finetune'}" in capsys.readouterr().out
+    assert (results / "curves.png").is_file()
+
+
 def test_react_protocol_reads_thought_then_action(make_args, tmp_path, capsys):
     with OpenAIServer(lambda body: (200, "Thought: the passenger is north of me.\nAction: 1")) as server:
         args = _gpt_eval(make_args, server.url, runs=1, horizon=3, gpt_protocol="react")

@@ -13,7 +13,6 @@ the one, ``make demo`` is the other.
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 import checkpoints
 from paths import SHARED_DIR, smollm2_gguf
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_repository
 from tests.openai_server import OpenAIServer
 
 TINY = ["--model_name=tiny-gpt2"]
@@ -88,13 +87,7 @@ def _checkpoints(run: Path) -> list[Path]:
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
 def test_every_readme_command_runs(tmp_path):
-    work = tmp_path / "repo"
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for name in tracked.splitlines():
-        if (REPO / name).is_file():
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, work / name)
-    (tmp_path / "shared").symlink_to(SHARED_DIR)
+    work = copy_repository(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
            "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ALFWORLD_DATA", None)

@@ -2,7 +2,8 @@
 
     python -m visualization.plot --expdirs results/12_rl_finetune results/15_rl_finetune
 
-Edit ``expdirs`` in :func:`main` (as the paper's users do) or pass ``--expdirs``. Give
+Edit ``expdirs`` in :func:`main` (as the paper's users do) or pass ``--expdirs``; with
+neither, the newest ``rl_finetune`` run under ``--ckpt_path`` is plotted. Give
 the LATEST directory of a resumed run: a run resumed from ``a`` into ``b`` holds the
 whole curve in ``b``. A directory may be written ``NAME=DIR`` to set its legend label.
 
@@ -23,8 +24,10 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+import checkpoints  # noqa: E402
 import metrics  # noqa: E402
-from experiment_args import parse_args  # noqa: E402
+from errors import UsageError  # noqa: E402
+from experiment_args import run_script  # noqa: E402
 
 # (metric, label, smoothed): training-episode figures are noisy and smoothed; the held-out
 # panel (rl_finetune --eval_steps) is played on fixed episodes and shown as measured.
@@ -116,11 +119,18 @@ def main(args, window: int = 10) -> int:
     # Edit this list to plot your runs (the latest directory of each), e.g.
     # "Reflect-RL=results/12_rl_finetune"
     expdirs: list[str] = []
+    expdirs = list(args.expdirs or []) + expdirs
+    if not expdirs:  # nothing named: the newest RL run under --ckpt_path
+        runs = checkpoints.run_dirs(args.ckpt_path, "rl_finetune")
+        if not runs:
+            raise UsageError(f"--expdirs: no run named and no rl_finetune run in --ckpt_path {args.ckpt_path}")
+        expdirs = [str(runs[-1])]
+        print(f"[plot] no --expdirs: plotting the newest RL run, {runs[-1]}")
     output = Path(args.output_file or Path(args.ckpt_path) / "curves.png")
-    path = plot(list(args.expdirs or []) + expdirs, output, window)
+    path = plot(expdirs, output, window)
     print(f"[plot] saved {path}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m visualization.plot")))
+    sys.exit(run_script(main, "python -m visualization.plot"))
