@@ -71,10 +71,11 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation("GPT baselines", "two turns per step: reflect, then act, with the episode's history",
               "the same by default; `one_turn` answers each observation alone",
               "one turn is cheaper and isolates the model's reading of a single state", "gpt_protocol", "two_turn"),
-    Deviation("scripts", "checkpoint clean-up, log ensembling, brute-force and ReAct agents",
-              "checkpoint clean-up (`--save_total_limit`), log ensembling (`visualization.plot --expdirs "
-              "NAME=DIR1,DIR2`), the ReAct agent (`--gpt_protocol react`)",
-              "the brute-force agent is not yet available (issue 14 open)"),
+    Deviation("scripts", "`clean_checkpoints.py`, `visualization/ensemble_logs.py`, `agent/brute_force.py`, "
+              "`agent/react_agent.py`", "`--save_total_limit`, `visualization.plot --expdirs NAME=DIR1,DIR2`, "
+              "`python -m data_gen.taxi.brute_force`, `--gpt_protocol react`",
+              "each is part of the tool that does the rest of its job; the brute-force agent records the "
+              "observation it acted in (the paper's script recorded the one after)"),
     Deviation("oracle reflection writer", "GPT-4 told the best action as a spoiler",
               "`--api oracle` writes the situation and the BFS/expert plan, naming the next move",
               "an offline, deterministic stand-in for GPT-4; API writers get the paper's spoiler prompt, and "

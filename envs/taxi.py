@@ -14,6 +14,7 @@ taxi (the oracle drives there first); ``full`` is the whole task. An episode suc
 when its total cost (-return) is below the curriculum's threshold.
 """
 
+import copy
 from collections import deque
 
 import gymnasium
@@ -76,6 +77,15 @@ class DangerousTaxiEnv(TextEnv):
         self._initial_grid = ""
         self._bonus_paid = False
         self._stage = curriculum
+
+    def __deepcopy__(self, memo: dict) -> "DangerousTaxiEnv":
+        """A copy that shares gymnasium's transition table (never written; ~97% of a full copy's cost),
+        for searches over copies (``data_gen.taxi.brute_force``)."""
+        memo[id(self._taxi.P)] = self._taxi.P
+        clone = self.__class__.__new__(self.__class__)
+        memo[id(self)] = clone
+        clone.__dict__.update({name: copy.deepcopy(value, memo) for name, value in self.__dict__.items()})
+        return clone
 
     def max_actions(self) -> int:
         return len(ACTION_NAMES)

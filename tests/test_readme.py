@@ -35,6 +35,7 @@ OVERRIDES = {
     "evaluation.evaluate_gpt": ["--runs=1", "--horizon=3", "--max_concurrency=2"],
     "evaluation.auto_explore_gpt": ["--eval_reps=1", "--horizon=3"],
     "data_gen.taxi.reflection": ["--num_episodes=3"],
+    "data_gen.taxi.brute_force": ["--num_episodes=3"],
     "data_gen.alfworld.reflection": ["--num_episodes=1", "--horizon=4"],
     "benchmarks.env_speed": ["--runs=2"],
     "benchmarks.enumeration": ["--runs=3"],
