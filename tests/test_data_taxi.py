@@ -81,6 +81,34 @@ def test_api_backend_writes_the_model_answer(make_args, tmp_path):
     assert "Spoiler" in prompt and "--- Current State ---" in prompt
 
 
+def test_api_writer_is_asked_as_the_paper_asks(make_args, tmp_path):
+    """One sentence at the first step, two later, the best next action as a spoiler and, after the first
+    step, whether the move just taken was the best one then."""
+    with OpenAIServer(lambda body: (200, "The taxi heads for the passenger.")) as server:
+        args = make_args(api="local", base_url=server.url, model="local-llm", num_episodes=1, horizon=8,
+                         output_dir=str(tmp_path), random_prob=0.5, seed=5)
+        assert reflection.main(args) == 0
+        prompts = [request["body"]["messages"][1]["content"] for request in server.requests]
+    records = json.loads((tmp_path / "data_reflection.json").read_text())
+    assert len(prompts) == len(records) >= 3
+    commands = [[line.split(". ", 1)[1] for line in r["state"].split("now is:\n")[1].splitlines() if ". " in line]
+                for r in records]
+    for number, record in enumerate(records):  # the requests were sent side by side: found by their state
+        (prompt,) = [p for p in prompts if p.startswith(record["state"] + "\n")]
+        assert f'the best next action is "{record["command"]}"' in prompt
+        if number == 0:
+            assert "Write one sentence" in prompt and "The last move" not in prompt
+            continue
+        before = records[number - 1]
+        taken = commands[number - 1][int(before["taken"])]
+        good = before["taken"] == before["action"]
+        assert "Write at most two sentences" in prompt
+        assert (f'The last move, "{taken}", was the best one then.' in prompt) == good
+        assert (f'The last move, "{taken}", was not the best one then ("{before["command"]}" was).' in prompt) \
+            == (not good)
+    assert any(r["taken"] != r["action"] for r in records[:-1]) and any(r["taken"] == r["action"] for r in records[:-1])
+
+
 def test_auth_failure_stops_with_a_clear_message(make_args, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "bad")
     with OpenAIServer(lambda body: (401, "no")) as server:

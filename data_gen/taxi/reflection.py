@@ -39,11 +39,27 @@ RECORD_VERSION = 2  # 2: records keep the label taken
 
 SYSTEM = ("You coach a taxi driver in a small grid game. You write short, concrete analyses of the "
           "current situation that help the driver decide the next move.")
+# The API writer's request, as the paper's: one sentence at the first step, two later, with the best next
+# action as a spoiler and, after the first step, whether the last move was the best one then.
 PROMPT = """{observation}
-Write at most two sentences: where the taxi, the passenger and the destination are, whether the \
-last move was a good one, and what the taxi should aim for next.
-Spoiler, for you only: the best next action is "{best}". Do not quote it or call it the best action; \
+{ask}
+Spoiler, for you only: the best next action is "{best}".{last} Do not quote it or call it the best action; \
 reason about the map so that the driver can find it."""
+FIRST_ASK = ("Write one sentence: where the taxi, the passenger and the destination are, and what the taxi "
+             "should aim for first.")
+LATER_ASK = ("Write at most two sentences: where the taxi, the passenger and the destination are, whether the "
+             "last move was a good one, and what the taxi should aim for next.")
+LAST_GOOD = ' The last move, "{move}", was the best one then.'
+LAST_DETOUR = ' The last move, "{move}", was not the best one then ("{better}" was).'
+
+
+def writer_prompt(observation: str, best: str, last: tuple[str, str] | None) -> str:
+    """What an API writer is asked at a state; ``last``: (the move taken, the best move then), after the first."""
+    if last is None:
+        return PROMPT.format(observation=observation, ask=FIRST_ASK, best=best, last="")
+    move, better = last
+    note = LAST_GOOD.format(move=move) if move == better else LAST_DETOUR.format(move=move, better=better)
+    return PROMPT.format(observation=observation, ask=LATER_ASK, best=best, last=note)
 
 _GOALS = {
     "Move south": "head south", "Move north": "head north", "Move east": "head east", "Move west": "head west",
@@ -92,17 +108,18 @@ def play(args, index: int, oracle_writer: bool) -> tuple[list[dict], list[tuple[
     env = make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
                    with_history=args.with_history, curriculum=_curriculum(args))
     observation, info = env.reset(seed=rng_seed(rng))
-    records, asks, last_move_good = [], [], None
+    records, asks, last_move_good, last = [], [], None, None
     while True:
         best_label = info["oracle_label"]
         best = info["actions"][info["labels"].index(best_label)]
         reflection = oracle_reflection(env, best, last_move_good) if oracle_writer else None
-        asks.append((PROMPT.format(observation=observation, best=best), best))
+        asks.append((writer_prompt(observation, best, last), best))
         label = str(rng.choice(info["labels"])) if rng.random() < p_random else best_label
         records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
                         "taken": label, "model": model_name(args), "episode": index, "step": env.steps,
                         "curriculum": env.stage})
         last_move_good = label == best_label
+        last = (info["actions"][info["labels"].index(label)], best)
         observation, _, terminated, truncated, info = env.step(label)
         if terminated or truncated:
             return records, asks
