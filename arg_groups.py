@@ -326,6 +326,9 @@ class DataArguments(_Group):
     sft_label: Literal["taken", "oracle"] = _arg(
         "taken", "Taxi/ALFWorld gen_sft: label each state with the action taken in the 'oracle + random' "
         "rollout (the paper) or with the oracle's best action.")
+    alfworld_spoiler: bool = _arg(
+        True, "ALFWorld reflection with an API writer: tell it the expert's next command as a spoiler it must not "
+        "quote (--no_alfworld_spoiler: no spoiler, as the paper's ALFWorld writer; its Taxi writer had one).")
     negatives_at: Literal["path", "target_folder"] = _arg(
         "path", "AutoExplore reflection_negative: read a wrong file in up to 2 folders on the way to the target, "
         "one each (path), or read 2 wrong files in the target's own folder (target_folder, the paper's code).")

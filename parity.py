@@ -76,10 +76,14 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "`python -m data_gen.taxi.brute_force`, `--gpt_protocol react`",
               "each is part of the tool that does the rest of its job; the brute-force agent records the "
               "observation it acted in (the paper's script recorded the one after)"),
-    Deviation("oracle reflection writer", "GPT-4 told the best action as a spoiler",
+    Deviation("oracle reflection writer", "GPT-4 (on Taxi told the best action as a spoiler)",
               "`--api oracle` writes the situation and the BFS/expert plan, naming the next move",
               "an offline, deterministic stand-in for GPT-4; API writers get the paper's spoiler prompt, and "
               "reflections that quote it are asked again"),
+    Deviation("ALFWorld API reflection writer", "not told the expert's next command",
+              "told it as a spoiler it must not quote (as the paper's Taxi writer is)",
+              "the reflection then reasons towards the expert's command rather than a guess; the spoiler "
+              "checks reject one that quotes it", "alfworld_spoiler", False),
     Deviation("AutoExplore step costs", "an output containing the words Error or Warning costs extra",
               "a failed command costs 2 extra, one that told nothing new 1", "reading a file that mentions "
               "errors is not a mistake", "auto_explore_costs", "keywords"),

@@ -228,6 +228,24 @@ def test_api_backend_writes_the_model_answer(root, tmp_path):
     assert [(r["state"], r["action"]) for r in oracle] == [(r["state"], r["action"]) for r in records]
 
 
+def test_api_writer_without_spoiler_as_the_papers_alfworld_writer(root, tmp_path):
+    answer = "The best command is to look around first."  # with a spoiler, this would be asked again
+    with OpenAIServer(lambda body: (200, answer)) as server:
+        args = _args(root, tmp_path, api="local", base_url=server.url, model="local-llm", num_episodes=1,
+                     horizon=4, random_prob=1.0, alfworld_spoiler=False)
+        assert reflection.main(args) == 0
+        prompts = [request["body"]["messages"][1]["content"] for request in server.requests]
+    records = json.loads((tmp_path / "data_reflection.json").read_text())
+    assert len(records) == len(prompts) == 4 and all(r["reflection"] == answer for r in records)
+    for record in records:
+        (prompt,) = [p for p in prompts if p.startswith(record["state"] + "\n")]
+        assert "Spoiler" not in prompt and record["command"] not in prompt.split(record["state"])[1]
+        ask = "Write one sentence" if record["step"] == 0 else "Write at most two sentences"
+        assert prompt.split(record["state"] + "\n")[1].startswith(ask)
+    assert journal_name(args) != journal_name(_args(root, tmp_path, api="local", model="local-llm", num_episodes=1,
+                                                     horizon=4, random_prob=1.0))
+
+
 def test_auth_failure_stops_with_a_clear_message(root, tmp_path, capsys):
     with OpenAIServer(lambda body: (401, "no")) as server:
         args = _args(root, tmp_path, api="local", base_url=server.url, num_episodes=2)

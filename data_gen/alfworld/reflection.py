@@ -4,8 +4,9 @@ Each episode plays a game of ``--alfworld_split`` / ``--alfworld_task`` (the pap
 tomato→microwave family by default; data root from ``--alfworld_data`` or
 ``$ALFWORLD_DATA``) and takes a random admissible command with probability
 ``--random_prob`` (0.7, as the paper) and the expert's otherwise. At every state the
-writer gives a reflection of at most two sentences, knowing (as a spoiler it must not
-reveal) the expert's next command. Output ``data/alfworld/data_reflection.json``:
+writer gives a reflection of one sentence at the first state and at most two later, knowing
+(as a spoiler it must not reveal) the expert's next command; ``--no_alfworld_spoiler``: not
+knowing it, as the paper's ALFWorld writer. Output ``data/alfworld/data_reflection.json``:
 records ``{state, reflection, action, command, model, episode, step, problem}`` where
 ``action`` is the expert's label in ``state``, ``command`` its text and ``problem`` the
 trial folder relative to the data root. States where the expert has no admissible
@@ -55,11 +56,19 @@ RECORD_VERSION = 2  # 2: records keep the label taken
 
 SYSTEM = ("You coach an agent in a text-based household game (ALFWorld). You write short, concrete "
           "analyses of the current situation that help the agent choose its next command.")
-PROMPT = """{observation}
-Write at most two sentences: what the task needs, what the last command achieved, and what the \
-agent should aim for next.
-Spoiler, for you only: the best next command is "{best}". Do not quote it or call it the best \
-command; reason about the task, the room and the history so that the agent can find it."""
+# The API writer's request: one sentence at the first step, two later, as the paper's; with the expert's
+# next command as a spoiler (--alfworld_spoiler; the paper's ALFWorld writer had none).
+FIRST_ASK = "Write one sentence: what the task needs and what the agent should aim for first."
+LATER_ASK = ("Write at most two sentences: what the task needs, what the last command achieved, and what the "
+             "agent should aim for next.")
+SPOILER = ('\nSpoiler, for you only: the best next command is "{best}". Do not quote it or call it the best '
+           "command; reason about the task, the room and the history so that the agent can find it.")
+
+
+def writer_prompt(observation: str, best: str | None, first: bool) -> str:
+    """What an API writer is asked at a state; ``best``: the spoiler, or None for none."""
+    ask = FIRST_ASK if first else LATER_ASK
+    return f"{observation}\n{ask}" + ("" if best is None else SPOILER.format(best=best))
 
 
 # --- reading the game's text ------------------------------------------------------------
@@ -315,7 +324,8 @@ def play(args, env, index: int, oracle_writer: bool) -> tuple[dict, list[tuple[s
         else:
             best = info["actions"][info["labels"].index(best_label)]
             reflection = oracle_reflection(memory, best, last, wording) if oracle_writer else None
-            asks.append((PROMPT.format(observation=observation, best=best), best))
+            spoiler = best if args.alfworld_spoiler else None
+            asks.append((writer_prompt(observation, spoiler, first=env.steps == 0), spoiler))
         explore = rng.random() < p_random
         label = best_label if best_label is not None and not explore else str(rng.choice(info["labels"]))
         if best_label is not None:
@@ -347,7 +357,8 @@ def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
     return common_journal_name("alfworld_reflection", model_name(args), args.seed, args.alfworld_task,
                                args.alfworld_split, args.alfworld_expert, random_prob(args, DEFAULT_RANDOM_PROB),
-                               args.horizon, args.shuffle_action, RECORD_VERSION)
+                               args.horizon, args.shuffle_action, RECORD_VERSION,
+                               *([] if args.alfworld_spoiler else ["no spoiler"]))
 
 
 @stops_on_llm_error(STEP, "episodes")
