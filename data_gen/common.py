@@ -201,9 +201,9 @@ def reflection_problem(reflection: str, spoiler: str) -> str | None:
 
 def reflect_with_api(client, system: str, records: list[dict], asks: list[tuple[str, str]], result: Any) -> Any:
     """Fill in each record's reflection, written by an API model (Taxi, ALFWorld) for its ``(user prompt,
-    spoiler)`` in ``asks`` (spoiler None: the writer was told none); all are sent at once, sampled at temperature 0.7, at most 120 tokens, and
-    their whitespace collapsed to one line. An empty answer, or one that gives its spoiler away, is asked
-    again (up to :data:`REFLECTION_ATTEMPTS` answers); a record with none usable gets None. Returns
+    spoiler)`` in ``asks`` (spoiler None: the writer was told none); all are sent at once, sampled at
+    temperature 0.7, at most 120 tokens, and their whitespace collapsed to one line. An empty answer, or
+    one that gives its spoiler away, is asked again (up to :data:`REFLECTION_ATTEMPTS` answers); a record with none usable gets None. Returns
     ``result`` (the item's journal entry, which holds ``records``), as :class:`Unfinished` (not
     journalled, so a re-run asks again) when some record got no reflection."""
     chats = [[{"role": "system", "content": system}, {"role": "user", "content": user}] for user, _ in asks]

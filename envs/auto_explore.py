@@ -103,7 +103,12 @@ def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> l
         return records
     if not records:
         raise ValueError(f"--task_file: {file} holds no task")
-    return [{key: record[key] for key in TASK_FIELDS if key in record} for record in records]
+    return [task_fields(record) for record in records]
+
+
+def task_fields(record: dict) -> dict:
+    """A task record's :data:`TASK_FIELDS` (trajectories and other extras dropped)."""
+    return {key: record[key] for key in TASK_FIELDS if key in record}
 
 
 def run_tasks(args) -> list[dict]:
@@ -123,9 +128,8 @@ def run_tasks(args) -> list[dict]:
     for record in records:
         found = [t["filename"] for t in record.get("trajectories", []) if isinstance(t, dict) and t.get("filename")]
         if found:
-            task = {key: record[key] for key in TASK_FIELDS if key in record}
             own = task_targets(record["filename"])  # first, so that the task's depth stays its own file's
-            tasks.append(dict(task, filename=own + [path for path in task_targets(found) if path not in own]))
+            tasks.append(dict(task_fields(record), filename=own + [path for path in task_targets(found) if path not in own]))
     if not tasks:
         raise ValueError(f"{flag}: in --task_file {args.task_file} the writer identified no file in any task")
     logger.info("%s: %d of %d tasks kept (the others have no file the writer identified)", flag, len(tasks),

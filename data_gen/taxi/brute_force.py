@@ -19,13 +19,11 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from data_gen.common import item_rng, print_counts, write_json
-from envs import make_env
+from data_gen.taxi.reflection import OUT_DIR, data_curriculum, data_env
 from envs.base import TextEnv, rng_seed
-from envs.taxi import DangerousTaxiEnv, curriculum_at
+from envs.taxi import DangerousTaxiEnv
 from experiment_args import require_env, run_script
-from paths import DATA_DIR
 
-OUT_DIR = DATA_DIR / "taxi"
 STEP = "taxi.brute_force"
 
 
@@ -78,15 +76,7 @@ def episode(env: DangerousTaxiEnv, seed: int, index: int) -> list[dict] | None:
 
 def main(args) -> int:
     require_env(args, "taxi", STEP)
-    task = curriculum_at(args.curriculum_index if args.taxi_curriculum else None)
-    env = make_env(
-        "taxi",
-        horizon=args.horizon,
-        shuffle_action=args.shuffle_action,
-        with_prompt=args.with_prompt,
-        with_history=args.with_history,
-        curriculum=task,
-    )
+    task, env = data_curriculum(args), data_env(args)
     episodes = [episode(env, args.seed, index) for index in range(args.num_episodes)]
     solved = [records for records in episodes if records is not None]
     records = [record for episode_records in solved for record in episode_records]

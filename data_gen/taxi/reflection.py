@@ -105,20 +105,19 @@ def play(args, index: int, oracle_writer: bool) -> tuple[list[dict], list[tuple[
     the oracle writer fills them in as it goes."""
     rng = item_rng(args.seed, "taxi", index)
     p_random = random_prob(args, DEFAULT_RANDOM_PROB)
-    env = make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
-                   with_history=args.with_history, curriculum=_curriculum(args))
+    env = data_env(args)
     observation, info = env.reset(seed=rng_seed(rng))
-    records, asks, last_move_good, last = [], [], None, None
+    records, asks, last = [], [], None  # last: (the move taken, the best move then)
     while True:
         best_label = info["oracle_label"]
         best = info["actions"][info["labels"].index(best_label)]
-        reflection = oracle_reflection(env, best, last_move_good) if oracle_writer else None
+        reflection = oracle_reflection(env, best, None if last is None else last[0] == last[1]) if oracle_writer \
+            else None
         asks.append((writer_prompt(observation, best, last), best))
         label = str(rng.choice(info["labels"])) if rng.random() < p_random else best_label
         records.append({"state": observation, "reflection": reflection, "action": best_label, "command": best,
                         "taken": label, "model": model_name(args), "episode": index, "step": env.steps,
                         "curriculum": env.stage})
-        last_move_good = label == best_label
         last = (info["actions"][info["labels"].index(label)], best)
         observation, _, terminated, truncated, info = env.step(label)
         if terminated or truncated:
@@ -135,13 +134,20 @@ def episode(args, client, index: int) -> list[dict] | Unfinished:
 
 def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
-    return common_journal_name("taxi_reflection", model_name(args), args.seed, _curriculum(args), args.horizon,
+    return common_journal_name("taxi_reflection", model_name(args), args.seed, data_curriculum(args), args.horizon,
                                random_prob(args, DEFAULT_RANDOM_PROB),
                                args.shuffle_action, args.with_prompt, args.with_history, RECORD_VERSION)
 
 
-def _curriculum(args) -> str:
+def data_curriculum(args) -> str:
+    """The task a Taxi data step plays: ``--taxi_curriculum --curriculum_index``'s level, else the full task."""
     return curriculum_at(args.curriculum_index if args.taxi_curriculum else None)
+
+
+def data_env(args):
+    """The environment a Taxi data step plays (reflection, brute_force)."""
+    return make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
+                    with_history=args.with_history, curriculum=data_curriculum(args))
 
 
 @stops_on_llm_error(STEP, "episodes")
