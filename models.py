@@ -201,7 +201,9 @@ def load_model_and_tokenizer(
         raise UsageError(f"--max_seq_length={args.max_seq_length} exceeds the {positions} positions of "
                          f"model {model_name!r}")
     model.config.pad_token_id = tokenizer.pad_token_id
-    model.config.loss_type = "ForCausalLM"  # say it, or transformers warns that it guessed
+    # transformers picks the loss from the class name, which GPT2LMHeadModel does not match: say it,
+    # or it warns "loss_type=None ... unrecognized" at the first labelled forward pass
+    model.loss_type = "ForCausalLM"
     if trainable and quantized:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
     elif trainable and args.gradient_checkpointing:

@@ -41,6 +41,18 @@ def test_new_lora_adapter_trains_only_lora(make_args):
     assert all("lora_" in name for name, p in model.named_parameters() if p.requires_grad)
 
 
+def test_the_causal_lm_loss_is_named_not_guessed(make_args):
+    """transformers 5.x picks the loss by class name; GPT2LMHeadModel matches none and it warns
+    ``loss_type=None ... unrecognized`` at the first labelled forward pass unless the loader names it."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    for use_peft in (True, False):
+        model, tokenizer = models.load_model_and_tokenizer(make_args(use_peft=use_peft))
+        base = model.get_base_model() if use_peft else model
+        assert base.loss_type == "ForCausalLM" and base.loss_type in LOSS_MAPPING
+        assert base.loss_function is LOSS_MAPPING["ForCausalLM"]
+
+
 def test_shrunk_head_equals_full_head_at_label_tokens(make_args):
     model, tokenizer = models.load_model_and_tokenizer(make_args())
     batch = _batch(tokenizer)
