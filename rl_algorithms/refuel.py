@@ -46,7 +46,12 @@ class Refuel(Learner):
             decisions = [p[0] for p in chunk] + [p[1] for p in chunk]
             logp = self.scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions]).logprobs
             chosen = logp.gather(1, torch.tensor([[d.action] for d in decisions], device=logp.device)).squeeze(1)
-            old = torch.tensor([d.logprob for d in decisions], device=logp.device)
+            # The episodes are fresh from the current policy, so its log-probabilities are the behaviour's:
+            # taken from this very pass, a gain is exactly 0 before the step. The rollout's recorded ones
+            # agree only to ~1e-7 (other batches, other CPU kernels); where G_h = G'_h that noise would be
+            # the pair's whole gradient, and Adam would scale it to a full step in a direction set by
+            # the machine.
+            old = chosen.detach()
             returns = torch.tensor([p[2] for p in chunk], device=logp.device)
             branch_returns = torch.tensor([p[3] for p in chunk], device=logp.device)
             n = len(chunk)

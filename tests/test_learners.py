@@ -107,6 +107,21 @@ def test_refuel_branches_replay_the_episode_up_to_the_branch_step(toy):
         assert branch.decisions[h].obs == episode.decisions[h].obs
 
 
+def test_refuel_pairs_of_equal_returns_give_exactly_no_gradient(toy):
+    """The behaviour's log-probabilities come from the update's own pass: the rollout's recorded ones
+    (here off by 1e-6, as other batches and CPU kernels leave them) must not become a gradient,
+    which Adam would scale to a full step."""
+    import dataclasses
+
+    learner, episodes, _, _ = toy("refuel")
+    first = dataclasses.replace(episodes[0].decisions[0], logprob=episodes[0].decisions[0].logprob + 1e-6)
+    second = episodes[1].decisions[0]
+    learner._accumulate([(first, second, -1.0, -1.0)])
+    assert all(p.grad is None or not p.grad.any() for p in learner.params)
+    learner._accumulate([(first, second, -1.0, -3.0)])
+    assert any(p.grad is not None and p.grad.any() for p in learner.params)
+
+
 def _mean_entropy(learner, episodes) -> float:
     from rollout import entropy_of
 
