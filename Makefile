@@ -19,6 +19,8 @@ LOCK_TORCH_SOURCE ?= --find-links /opt/wheels
 LOCK_PYTHON ?= 3.11
 UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version $(LOCK_PYTHON) \
 	--custom-compile-command "make lock" -c lock/torch.txt --no-emit-package torch $(LOCK_TORCH_SOURCE)
+# pytest-xdist: one test process per core (each on one thread: tests/conftest.py)
+PYTEST_WORKERS ?= auto
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint lock check-lock clean-venv
@@ -30,7 +32,7 @@ demo: $(VENV)/.stamp-demo
 test: $(VENV)/.stamp-test
 	$(PY) lock/check.py lock/test.txt
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-test
 	$(PY) -m ruff check .

@@ -13,9 +13,18 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread per test process (pytest-xdist runs one per core); torch reads it when first imported.
+# The learner goldens hold at 1 or 2 (OMP_NUM_THREADS=2 pytest tests/test_learner_golden.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from experiment_args import ScriptArguments  # noqa: E402
 from paths import SHARED_DIR  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow end-to-end tests first: pytest-xdist hands tests out in this order, so the longest
+    ones start at once on their own worker instead of finishing last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

