@@ -27,6 +27,15 @@ def need(ok: bool, flag: str, message: str) -> None:
         raise ValueError(f"--{flag}: {message}")
 
 
+def flag_owners(specs: dict, kind: str) -> dict[str, list[str]]:
+    """``{flag: [environments]}`` over the specs' ``own_flags`` or ``exclusive_flags``."""
+    owners: dict[str, list[str]] = {}
+    for name, spec in specs.items():
+        for flag in getattr(spec, kind):
+            owners.setdefault(flag, []).append(name)
+    return {flag: sorted(names) for flag, names in owners.items()}
+
+
 def _at_least(args, minimum, *names: str) -> None:
     for name in names:
         value = getattr(args, name)
@@ -151,8 +160,9 @@ class EnvArguments(_Group):
 
     TITLE: ClassVar[str] = "environment"
 
-    env: Literal["auto_explore", "taxi", "alfworld"] = _arg(
-        "auto_explore", "Environment to train or evaluate on (--scenario, the paper's name in evaluate_gpt).",
+    env: str = _arg(
+        "auto_explore", "Environment to train or evaluate on: a name of the envs.ENVS registry (taxi, "
+        "auto_explore, alfworld; --scenario, the paper's name in evaluate_gpt).",
         aliases=["--scenario"])
     horizon: int | None = _arg(
         None, "Steps before an episode is truncated (default: the environment's own).")
@@ -194,7 +204,12 @@ class EnvArguments(_Group):
         _at_least(self, 1, "horizon")
         _probability(self, "leaveout_prob")
         _positive(self, "alfworld_timeout")
-        need(not (self.first_step and self.env == "alfworld"), "first_step", "is for --env=auto_explore or taxi")
+        from envs import ENVS
+
+        need(self.env in ENVS, "env", f"{self.env!r} is not one of {tuple(ENVS)}")
+        for flag, names in flag_owners(ENVS, "exclusive_flags").items():  # e.g. --taxi_curriculum, --first_step
+            need(not getattr(self, flag, False) or self.env in names, flag,
+                 f"is for --env={' or '.join(names)}, got --env={self.env}")
         super().__post_init__()
 
 

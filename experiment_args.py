@@ -36,6 +36,7 @@ from arg_groups import (
     ModelArguments,
     OptimArguments,
     RLArguments,
+    flag_owners,
     need,
 )
 from checkpoints import SETTINGS_FILE
@@ -63,9 +64,6 @@ _ONLY_WITH = {
     "refuel_eta": ("--trainer refuel", lambda a: a.trainer == "refuel"),
     "entropy_coef": ("--trainer pg or ppo", lambda a: a.trainer in ("pg", "ppo")),
     "merge_after_first_k": ("--depth_curriculum", lambda a: a.depth_curriculum),
-    "with_prompt": ("--env taxi", lambda a: a.env == "taxi"),
-    "with_history": ("--env taxi", lambda a: a.env == "taxi"),
-    "easy": ("--env auto_explore", lambda a: a.env == "auto_explore"),
     "cpu_bf16": ("no CUDA device", lambda a: not _cuda_available()),
 }
 
@@ -81,10 +79,6 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
                 allowed = get_args(hint)
                 need(getattr(self, name) in allowed, name, f"{getattr(self, name)!r} is not one of {allowed}")
         super().__post_init__()
-        need(not self.taxi_curriculum or self.env == "taxi", "taxi_curriculum",
-              f"needs --env=taxi, got --env={self.env}")
-        need(not self.depth_curriculum or self.env == "auto_explore", "depth_curriculum",
-              f"needs --env=auto_explore, got --env={self.env}")
         if self.taxi_curriculum and self.curriculum_index is not None:
             from envs.taxi import CURRICULA
 
@@ -96,7 +90,11 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
 
     def _warn_inapplicable(self) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        idle = [f"--{name} (only with {where})" for name, (where, applies) in _ONLY_WITH.items()
+        from envs import ENVS
+
+        only_with = {**_ONLY_WITH, **{flag: (f"--env {' or '.join(names)}", lambda a, names=names: a.env in names)
+                                      for flag, names in flag_owners(ENVS, "own_flags").items()}}
+        idle = [f"--{name} (only with {where})" for name, (where, applies) in only_with.items()
                 if getattr(self, name) != defaults[name] and not applies(self)]
         if idle:
             logger.warning("these settings do not apply to this run and are ignored: %s", ", ".join(idle))
@@ -164,7 +162,7 @@ def _cpu_native_bf16() -> bool | None:
 
 def require_env(args: ScriptArguments, env: str, script: str) -> None:
     """For a script that works on one environment only (its parser defaults ``--env`` to it)."""
-    need(args.env == env, "env", f"{script} works on --env={env} only, got {args.env}")
+    need(env == args.env, "env", f"{script} works on --env={env} only, got {args.env}")
 
 
 def check_resume(args: ScriptArguments, only: set[str] | None = None, saved: dict | None = None) -> None:

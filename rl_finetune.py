@@ -29,8 +29,8 @@ import checkpoints
 import metrics
 import models
 import seeding
-from envs import env_kwargs, make_env
-from envs.curriculum import Curriculum, curriculum_from_args
+from envs import curriculum_from_args, env_kwargs, make_env
+from envs.curriculum import Curriculum
 from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, UpdateResult

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from envs import make_env
-from envs.play import DEFAULT_PLAY_REPO, repo_task
+from envs.auto_explore_tasks import DEFAULT_PLAY_REPO, repo_task
 from experiment_args import parse_args
 from paths import SHARED_DIR
 

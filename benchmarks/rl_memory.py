@@ -25,7 +25,7 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     import models
     import rl_finetune
     from envs import make_env
-    from envs.curriculum import taxi_curriculum
+    from envs.taxi import taxi_curriculum
     from experiment_args import parse_args
     from rl_algorithms import LEARNERS
 

@@ -1,5 +1,6 @@
 """Text environments behind one gymnasium API: DangerousTaxi, AutoExplore, ALFWorld.
 
+``ENVS`` registers each environment's :class:`~envs.spec.EnvSpec` (one line each);
 ``make_env(name, **kwargs)`` builds one; ``env_kwargs(args, ...)`` turns the shared
 ``ScriptArguments`` into the keyword arguments of the chosen environment, so every
 script configures environments the same way. See ``envs/base.py`` for the contract.
@@ -11,54 +12,40 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from envs import alfworld, auto_explore, taxi
 from envs.base import TextEnv
+from envs.curriculum import Curriculum
+from envs.spec import EnvSpec
 
-ENV_NAMES = ("taxi", "auto_explore", "alfworld")
+# The registry: one line per environment (its module declares the spec).
+ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (taxi.SPEC, auto_explore.SPEC, alfworld.SPEC)}
+
+
+def env_spec(name: str) -> EnvSpec:
+    try:
+        return ENVS[name]
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; choose from {tuple(ENVS)}") from None
 
 
 def make_env(name: str, **kwargs) -> TextEnv:
-    if name == "taxi":
-        from envs.taxi import DangerousTaxiEnv
-
-        return DangerousTaxiEnv(**kwargs)
-    if name == "auto_explore":
-        from envs.auto_explore import AutoExploreEnv
-
-        return AutoExploreEnv(**kwargs)
-    if name == "alfworld":
-        from envs.alfworld import ALFWorldEnv
-
-        return ALFWorldEnv(**kwargs)
-    raise ValueError(f"unknown environment {name!r}; choose from {ENV_NAMES}")
+    return env_spec(name).make(**kwargs)
 
 
 def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, split: str | None = None,
                labels=None) -> dict:
-    """Keyword arguments of ``make_env(args.env, ...)`` from the shared flags.
+    """Keyword arguments of ``make_env(args.env, ...)`` from the shared flags (see EnvSpec.kwargs).
 
     ``evaluation`` turns training-only randomisation off (AutoExplore leave-out) and
     picks a held-out ALFWorld split unless ``split`` names one. ``labels``: the policy's
     choice labels (``rollout.labels``; default the paper's).
     """
-    kwargs: dict = {"horizon": args.horizon, "shuffle_action": args.shuffle_action, "labels": labels}
-    if args.env == "taxi":
-        kwargs.update(with_prompt=args.with_prompt, with_history=args.with_history, first_step=args.first_step,
-                      pickup_reward=args.pickup_reward)
-    elif args.env == "auto_explore":
-        # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
-        kwargs.update(leaveout_prob=0.0 if evaluation else args.leaveout_prob, easy=args.easy,
-                      first_step=args.first_step, repos_dir=args.repo_dir, cost_rule=args.auto_explore_costs)
-    elif args.env == "alfworld":
-        kwargs.update(
-            data_root=args.alfworld_data,
-            task=args.alfworld_task,
-            split=split or ("valid" if evaluation else args.alfworld_split),
-            expert=args.alfworld_expert,
-            timeout=args.alfworld_timeout,
-            block_list=None if run_dir is None else Path(run_dir) / "alfworld_blocklist.txt",
-            few_data=0 if evaluation else args.few_data,
-        )
-    return kwargs
+    return env_spec(args.env).kwargs(args, evaluation=evaluation, run_dir=run_dir, split=split, labels=labels)
+
+
+def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
+    """The training curriculum the flags describe (a single level when no curriculum is on)."""
+    return env_spec(args.env).curriculum(args, max_steps or args.max_steps)
 
 
 class EnvPool:

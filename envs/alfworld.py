@@ -38,6 +38,8 @@ from pathlib import Path
 from envs.alfworld_client import _GameFailure, _release, _Worker
 from envs.alfworld_problems import _as_trial, find_problems, resolve_data_root
 from envs.base import Outcome, TextEnv, rng_seed
+from envs.curriculum import Curriculum, single_level
+from envs.spec import EnvSpec
 
 logger = logging.getLogger(__name__)
 
@@ -230,3 +232,28 @@ class ALFWorldEnv(TextEnv):
             path, _, reason = line.partition("\t")
             if path.strip():
                 self.blocked.setdefault(Path(path.strip()), reason)
+
+
+# --- the registry's view of ALFWorld -----------------------------------------------------------
+
+
+def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
+    return {"data_root": args.alfworld_data, "task": args.alfworld_task,
+            "split": split or ("valid" if evaluation else args.alfworld_split), "expert": args.alfworld_expert,
+            "timeout": args.alfworld_timeout,
+            "block_list": None if run_dir is None else Path(run_dir) / "alfworld_blocklist.txt",
+            "few_data": 0 if evaluation else args.few_data}
+
+
+def _curriculum(args, max_steps: int) -> Curriculum:
+    # The envs draw their problems themselves, skipping any the block list names.
+    return single_level(args.alfworld_task or "alfworld", [{}], max_steps)
+
+
+def _held_out(args, env) -> list[tuple[dict, str]]:
+    """Every problem of the held-out split, named by its trial folder's family."""
+    return [({"problem": str(problem)}, Path(problem).parent.name) for problem in env.problems]
+
+
+SPEC = EnvSpec(name="alfworld", make=ALFWorldEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
+               data_steps=("data_gen.alfworld.reflection", "data_gen.alfworld.gen_sft"))

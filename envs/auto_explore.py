@@ -18,29 +18,37 @@ ERROR_COST for a command that failed or WARNING_COST for one that told nothing n
 otherwise, and running out of steps pays ``horizon``. Success: total cost < 0.01.
 """
 
-import json
 import logging
 import os
 import stat
 from pathlib import Path
 
+from envs.auto_explore_tasks import (
+    DEFAULT_PLAY_REPO,
+    DEFAULT_REPOS_DIR,
+    depth_curriculum,
+    load_tasks,
+    repo_task,
+    run_tasks,
+    target_depth,
+    task_depth,
+    task_targets,
+)
 from envs.base import Outcome, TextEnv
+from envs.curriculum import Curriculum, single_level
 from envs.sandbox import (
     Sandbox,
     SandboxError,
     file_kind,
-    is_safe_name,
     printable,
     pristine_copy,
     quote_path,
     resolve,
 )
-from paths import DATA_DIR
+from envs.spec import EnvSpec
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_REPOS_DIR = DATA_DIR / "auto_explore" / "repos_filtered"
-TASK_FIELDS = ("question", "answer", "optimal_path", "filename", "root", "n_level", "model")
 
 STEP_COST = 1.0
 ERROR_COST = 2.0
@@ -49,102 +57,6 @@ SUCCESS_MAX_COST = 0.01
 # How a step's extra cost is found: from the command's outcome (it failed; it told nothing new), or, as
 # the paper's code, from the words "Error" and "Warning" in what the step shows (a file's text included).
 COST_RULES = ("outcome", "keywords")
-
-
-def task_targets(filename) -> list[str]:
-    """The task's acceptable target paths ('/'-separated, relative to the repo root), sorted.
-
-    ``filename`` is one path or a list of paths. Raises ``ValueError`` naming a path that
-    could never be reached inside a sandbox (absolute, ``..``, unsafe names).
-    """
-    names = [filename] if isinstance(filename, str) else filename
-    if not isinstance(names, list | tuple) or not names or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"task field 'filename' must be a path or a non-empty list of paths, got {filename!r}")
-    targets = set()
-    for name in names:
-        parts = [part for part in name.split("/") if part]
-        if name.startswith("/") or not parts or not all(is_safe_name(part) for part in parts):
-            raise ValueError(f"task field 'filename' holds an invalid repository path {name!r}")
-        targets.add("/".join(parts))
-    return sorted(targets)
-
-
-def target_depth(path: str) -> int:
-    """How many folders below the repository root a target path lies: its number of '/'."""
-    return path.count("/")
-
-
-def task_depth(task: dict) -> int:
-    """A task's target depth: that of its (first) target path."""
-    filename = task["filename"]
-    return target_depth(filename if isinstance(filename, str) else filename[0])
-
-
-def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> list[dict]:
-    """The tasks of an AutoExplore task file (``--task_file``): a JSON list of task dicts.
-
-    Each task keeps only :data:`TASK_FIELDS` (trajectories and other extras dropped) and the
-    file must hold at least one. With ``whole_records`` (the data pipeline, which passes its
-    records on) every field is kept and an empty list is accepted.
-    """
-    if not path:
-        raise ValueError("--task_file: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
-                         "train.json)")
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"--task_file: no such file {str(file)!r}")
-    try:
-        records = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--task_file: {file} is not valid JSON ({error})") from None
-    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
-        raise ValueError(f"--task_file: {file} must hold a JSON list of task objects")
-    if whole_records:
-        return records
-    if not records:
-        raise ValueError(f"--task_file: {file} holds no task")
-    return [task_fields(record) for record in records]
-
-
-def task_fields(record: dict) -> dict:
-    """A task record's :data:`TASK_FIELDS` (trajectories and other extras dropped)."""
-    return {key: record[key] for key in TASK_FIELDS if key in record}
-
-
-def run_tasks(args) -> list[dict]:
-    """The tasks RL and evaluation play: those of ``--task_file``, with ``--auto_explore_targets``.
-
-    ``writer`` (the paper's code): a task's targets are its file and every file the data writer identified
-    in the task's trajectories; a task where the writer identified none is left out.
-    """
-    if args.auto_explore_targets == "task":
-        return load_tasks(args.task_file)
-    flag = "--auto_explore_targets writer"
-    records = load_tasks(args.task_file, whole_records=True)
-    if not any("trajectories" in record for record in records):
-        raise ValueError(f"{flag}: --task_file {args.task_file} holds no trajectories (give the output of "
-                         "reflection_negative or split_data)")
-    tasks = []
-    for record in records:
-        found = [t["filename"] for t in record.get("trajectories", []) if isinstance(t, dict) and t.get("filename")]
-        if found:
-            own = task_targets(record["filename"])  # first, so that the task's depth stays its own file's
-            tasks.append(dict(task_fields(record), filename=own + [path for path in task_targets(found) if path not in own]))
-    if not tasks:
-        raise ValueError(f"{flag}: in --task_file {args.task_file} the writer identified no file in any task")
-    logger.info("%s: %d of %d tasks kept (the others have no file the writer identified)", flag, len(tasks),
-                len(records))
-    return tasks
-
-
-def optimal_path(task: dict) -> list[str]:
-    """The shortest command sequence from the repo root: ``cd`` per folder, ``cat`` and ``id`` the target.
-
-    With several targets, the shallowest one (ties: sorted order).
-    """
-    target = min(task_targets(task.get("filename")), key=lambda t: (target_depth(t), t))
-    *folders, name = target.split("/")
-    return [f"cd {quote_path(folder)}" for folder in folders] + [f"cat {quote_path(name)}", f"id {quote_path(name)}"]
 
 
 class AutoExploreEnv(TextEnv):
@@ -431,3 +343,45 @@ class AutoExploreEnv(TextEnv):
     def sandbox_root(self) -> str | None:
         """Where this episode's copy lives on disk (None before the first reset)."""
         return None if self._sandbox is None else self._sandbox.root
+
+
+# --- the registry's view of AutoExplore --------------------------------------------------------
+
+
+def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
+    # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
+    return {"leaveout_prob": 0.0 if evaluation else args.leaveout_prob, "easy": args.easy,
+            "first_step": args.first_step, "repos_dir": args.repo_dir, "cost_rule": args.auto_explore_costs}
+
+
+def _curriculum(args, max_steps: int) -> Curriculum:
+    tasks = run_tasks(args)
+    tasks = tasks[:args.few_data] if args.few_data else tasks
+    if args.depth_curriculum:
+        return depth_curriculum(tasks, max_steps, args.merge_first_two, args.merge_after_first_k,
+                                args.curriculum_index)
+    return single_level("all depths", [{"task": t} for t in tasks], max_steps)
+
+
+def _held_out(args, env) -> list[tuple[dict, str]]:
+    """Every task of ``--task_file``, each at its depth."""
+    return [({"task": task}, f"depth {task_depth(task)}") for task in run_tasks(args)]
+
+
+def _play_options(args, rng) -> dict:
+    """A task of ``--task_file``, or else a 'Find <file>' task in ``--repo_dir`` (default: data_gen/)."""
+    if args.task_file:
+        tasks = load_tasks(args.task_file)
+        return {"task": tasks[int(rng.integers(len(tasks)))]}
+    return {"task": repo_task(Path(args.repo_dir) if args.repo_dir else DEFAULT_PLAY_REPO, rng)}
+
+
+SPEC = EnvSpec(
+    name="auto_explore", make=AutoExploreEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
+    play_options=_play_options,
+    data_steps=("data_gen.auto_explore.collect_repos", "data_gen.auto_explore.filter_repo",
+                "data_gen.auto_explore.gen_task", "data_gen.auto_explore.filter_task",
+                "data_gen.auto_explore.reflection_negative", "data_gen.auto_explore.split_data",
+                "data_gen.auto_explore.gen_sft"),
+    own_flags=("easy",), exclusive_flags=("depth_curriculum", "first_step"),
+)

@@ -1,4 +1,5 @@
-"""Curricula: which tasks an RL iteration trains on.
+"""Curricula: which tasks an RL iteration trains on. Each environment builds its own from these
+pieces (its ``SPEC.curriculum``):
 
 * Taxi (``--taxi_curriculum``): pickup, then drop-off, then the full task, a third of
   the iterations each.
@@ -10,10 +11,6 @@
 """
 
 from dataclasses import dataclass, field
-
-from envs.auto_explore import run_tasks, task_depth
-from envs.taxi import CURRICULA as TAXI_LEVELS
-from envs.taxi import FULL
 
 
 @dataclass
@@ -74,50 +71,8 @@ def proportional_steps(counts: list[int], total: int) -> list[int]:
     return steps
 
 
-def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
-    levels = [Level(name, [{"curriculum": name}]) for name in TAXI_LEVELS]
-    curriculum = Curriculum(levels, proportional_steps([1, 1, 1], max_steps))
-    return curriculum if index is None else curriculum.only(index)
-
-
-def depth_curriculum(tasks: list[dict], max_steps: int, merge_first_two: bool = False,
-                     merge_after_first_k: int = 3, index: int | None = None) -> Curriculum:
-    if not tasks:
-        raise ValueError("depth curriculum: no tasks")
-    groups: list[list[int]] = [[depth] for depth in sorted({task_depth(t) for t in tasks})]
-    if merge_first_two and len(groups) >= 2 and groups[0] == [0] and groups[1] == [1]:
-        groups[:2] = [[0, 1]]
-    if len(groups) > merge_after_first_k + 1:
-        groups[merge_after_first_k:] = [[d for group in groups[merge_after_first_k:] for d in group]]
-    levels = [
-        Level(name="depth " + "+".join(map(str, group)),
-              options=[{"task": t} for t in tasks if task_depth(t) in group])
-        for group in groups
-    ]
-    curriculum = Curriculum(levels, proportional_steps([len(level.tasks) for level in levels], max_steps))
-    return curriculum if index is None else curriculum.only(index)
-
-
 def single_level(name: str, options: list[dict], max_steps: int) -> Curriculum:
     """No curriculum: one level holding every task."""
     if not options:
         raise ValueError(f"no tasks for {name}")
     return Curriculum([Level(name, options)], [max_steps])
-
-
-def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
-    """The training curriculum the flags describe (a single level when no curriculum is on)."""
-    max_steps = max_steps or args.max_steps
-    if args.env == "taxi":
-        if args.taxi_curriculum:
-            return taxi_curriculum(max_steps, args.curriculum_index)
-        return single_level(FULL, [{"curriculum": FULL}], max_steps)
-    if args.env == "auto_explore":
-        tasks = run_tasks(args)
-        tasks = tasks[:args.few_data] if args.few_data else tasks
-        if args.depth_curriculum:
-            return depth_curriculum(tasks, max_steps, args.merge_first_two, args.merge_after_first_k,
-                                    args.curriculum_index)
-        return single_level("all depths", [{"task": t} for t in tasks], max_steps)
-    # ALFWorld envs draw their problems themselves, skipping any the block list names.
-    return single_level(args.alfworld_task or "alfworld", [{}], max_steps)

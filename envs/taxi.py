@@ -20,6 +20,8 @@ from collections import deque
 import gymnasium
 
 from envs.base import Outcome, TextEnv, rng_seed
+from envs.curriculum import Curriculum, Level, proportional_steps, single_level
+from envs.spec import EnvSpec
 
 ACTION_NAMES = ("Move south", "Move north", "Move east", "Move west", "Pickup passenger", "Drop off passenger")
 PICKUP, DROPOFF = 4, 5
@@ -234,3 +236,38 @@ def shortest_plan(taxi, state: int, goal: str) -> list[int]:
                 parents[after] = (current, action)
                 queue.append(after)
     return []
+
+
+# --- the registry's view of Taxi ------------------------------------------------------------
+
+
+def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
+    """``--taxi_curriculum``: pickup, drop-off, the full task, a third of the iterations each."""
+    levels = [Level(name, [{"curriculum": name}]) for name in CURRICULA]
+    curriculum = Curriculum(levels, proportional_steps([1, 1, 1], max_steps))
+    return curriculum if index is None else curriculum.only(index)
+
+
+def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
+    return {"with_prompt": args.with_prompt, "with_history": args.with_history, "first_step": args.first_step,
+            "pickup_reward": args.pickup_reward}
+
+
+def _curriculum(args, max_steps: int) -> Curriculum:
+    if args.taxi_curriculum:
+        return taxi_curriculum(max_steps, args.curriculum_index)
+    return single_level(FULL, [{"curriculum": FULL}], max_steps)
+
+
+def _held_out(args, env) -> list[tuple[dict, str]]:
+    """Every curriculum, or the one ``--curriculum_index`` names."""
+    levels = CURRICULA if args.curriculum_index is None else (CURRICULA[args.curriculum_index],)
+    return [({"curriculum": level}, level) for level in levels]
+
+
+SPEC = EnvSpec(
+    name="taxi", make=DangerousTaxiEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
+    play_options=lambda args, rng: {"curriculum": curriculum_at(args.curriculum_index)},
+    data_steps=("data_gen.taxi.reflection", "data_gen.taxi.brute_force", "data_gen.taxi.gen_sft"),
+    own_flags=("with_prompt", "with_history"), exclusive_flags=("taxi_curriculum", "first_step"),
+)

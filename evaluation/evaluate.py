@@ -32,9 +32,7 @@ from tqdm.auto import tqdm
 
 import checkpoints
 import models
-from envs import env_kwargs, make_env
-from envs.auto_explore import run_tasks, task_depth
-from envs.taxi import CURRICULA as TAXI_LEVELS
+from envs import env_kwargs, env_spec, make_env
 from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 
@@ -55,17 +53,10 @@ class EvaluationRun:
 
 
 def test_episodes(args, env, reps: int) -> list[EpisodeStart]:
-    """The fixed test episodes of ``args.env``, ``reps`` per level, task or problem, each labelled with its level."""
-    if args.env == "taxi":
-        levels = TAXI_LEVELS if args.curriculum_index is None else (TAXI_LEVELS[args.curriculum_index],)
-        return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"curriculum": level}, level=level)
-                for level in levels for i in range(reps)]
-    if args.env == "auto_explore":
-        tasks = run_tasks(args)
-        return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"task": task}, level=f"depth {task_depth(task)}")
-                for task in tasks for i in range(reps)]
-    return [EpisodeStart(seed=HELD_OUT_SEED + i, options={"problem": str(problem)}, level=Path(problem).parent.name)
-            for problem in env.problems for i in range(reps)]
+    """The fixed test episodes of ``args.env``, ``reps`` per level, task or problem (its spec's held-out
+    units), each labelled with its level."""
+    return [EpisodeStart(seed=HELD_OUT_SEED + i, options=options, level=level)
+            for options, level in env_spec(args.env).held_out(args, env) for i in range(reps)]
 
 
 def load_configs(args, eval_load_list: list[dict]) -> list[dict]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.auto_explore import optimal_path
+from envs.auto_explore_tasks import optimal_path
 from envs.sandbox_copy import pristine_copy
 from envs.sandbox_paths import quote_path
 from tests.auto_explore_repos import TARGET, build_repo, make_env, make_task, run, tree

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from envs.auto_explore import TASK_FIELDS, AutoExploreEnv, load_tasks, optimal_path, target_depth, task_depth
+from envs.auto_explore import AutoExploreEnv
+from envs.auto_explore_tasks import TASK_FIELDS, load_tasks, optimal_path, target_depth, task_depth
 from envs.sandbox import MAX_TOKENS, TOKEN_RE
 from envs.sandbox_paths import file_kind
 from tests.auto_explore_repos import TARGET, build_repo, make_env, make_task, run, write

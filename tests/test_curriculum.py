@@ -4,8 +4,11 @@ import json
 
 import pytest
 
-from envs.auto_explore import AutoExploreEnv, run_tasks, task_depth
-from envs.curriculum import curriculum_from_args, depth_curriculum, proportional_steps, taxi_curriculum
+from envs import curriculum_from_args
+from envs.auto_explore import AutoExploreEnv
+from envs.auto_explore_tasks import depth_curriculum, run_tasks, task_depth
+from envs.curriculum import proportional_steps
+from envs.taxi import taxi_curriculum
 from tests.auto_explore_repos import TARGET, build_repo, make_task, run
 
 

@@ -17,7 +17,8 @@ from data_gen.auto_explore import (
 from data_gen.auto_explore.gen_task import candidate_questions
 from data_gen.auto_explore.reflection_negative import question_topic
 from data_gen.common import Journal, journal_name
-from envs.auto_explore import TASK_FIELDS, AutoExploreEnv, optimal_path, task_targets
+from envs.auto_explore import AutoExploreEnv
+from envs.auto_explore_tasks import TASK_FIELDS, optimal_path, task_targets
 from llm import LLMError
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_sft_text, reflection_sft_text
 from tests.auto_explore_repos import KEPT, SEED, build_repos, make, write

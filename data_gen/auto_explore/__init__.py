@@ -19,7 +19,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from envs.auto_explore import DEFAULT_REPOS_DIR, task_targets
+from envs.auto_explore_tasks import DEFAULT_REPOS_DIR, task_targets
 from envs.sandbox import is_safe_name
 from paths import DATA_DIR
 

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.common import print_counts
-from envs.auto_explore import DEFAULT_REPOS_DIR, target_depth
+from envs.auto_explore_tasks import DEFAULT_REPOS_DIR, target_depth
 from envs.sandbox import MAX_COPY_BYTES, file_kind, is_safe_name
 from experiment_args import parse_args
 from prompts import LABELS

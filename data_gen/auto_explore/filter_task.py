@@ -18,7 +18,7 @@ from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, TASKS_DIR, filtered_repos_dir
 from data_gen.common import print_counts, write_json
-from envs.auto_explore import load_tasks, optimal_path, target_depth, task_targets
+from envs.auto_explore_tasks import load_tasks, optimal_path, target_depth, task_targets
 from envs.sandbox import SandboxError, file_kind, resolve
 from experiment_args import parse_args
 

@@ -35,7 +35,7 @@ import yaml
 
 from data_gen.auto_explore import TASKS_DIR, filtered_repos_dir, list_repos
 from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts, write_json
-from envs.auto_explore import optimal_path, target_depth
+from envs.auto_explore_tasks import optimal_path, target_depth
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
 from experiment_args import parse_args
 from llm import concurrency, make_client, model_name, stops_on_llm_error

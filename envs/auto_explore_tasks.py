@@ -1,0 +1,156 @@
+"""AutoExplore's tasks: reading task files, a task's targets and depth, and its optimal path.
+
+A task is a dict (the schema of ``data/auto_explore/tasks*/*.json``; see ``envs/auto_explore.py``).
+The environment plays one; RL, evaluation, the curriculum and the data steps read them from here.
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from envs.curriculum import Curriculum, Level, proportional_steps
+from envs.sandbox import file_kind, is_safe_name, quote_path
+from paths import DATA_DIR, REPO_ROOT
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REPOS_DIR = DATA_DIR / "auto_explore" / "repos_filtered"
+TASK_FIELDS = ("question", "answer", "optimal_path", "filename", "root", "n_level", "model")
+DEFAULT_PLAY_REPO = REPO_ROOT / "data_gen"  # envs.play's repository without --task_file or --repo_dir
+
+
+def task_targets(filename) -> list[str]:
+    """The task's acceptable target paths ('/'-separated, relative to the repo root), sorted.
+
+    ``filename`` is one path or a list of paths. Raises ``ValueError`` naming a path that
+    could never be reached inside a sandbox (absolute, ``..``, unsafe names).
+    """
+    names = [filename] if isinstance(filename, str) else filename
+    if not isinstance(names, list | tuple) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"task field 'filename' must be a path or a non-empty list of paths, got {filename!r}")
+    targets = set()
+    for name in names:
+        parts = [part for part in name.split("/") if part]
+        if name.startswith("/") or not parts or not all(is_safe_name(part) for part in parts):
+            raise ValueError(f"task field 'filename' holds an invalid repository path {name!r}")
+        targets.add("/".join(parts))
+    return sorted(targets)
+
+
+def target_depth(path: str) -> int:
+    """How many folders below the repository root a target path lies: its number of '/'."""
+    return path.count("/")
+
+
+def task_depth(task: dict) -> int:
+    """A task's target depth: that of its (first) target path."""
+    filename = task["filename"]
+    return target_depth(filename if isinstance(filename, str) else filename[0])
+
+
+def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> list[dict]:
+    """The tasks of an AutoExplore task file (``--task_file``): a JSON list of task dicts.
+
+    Each task keeps only :data:`TASK_FIELDS` (trajectories and other extras dropped) and the
+    file must hold at least one. With ``whole_records`` (the data pipeline, which passes its
+    records on) every field is kept and an empty list is accepted.
+    """
+    if not path:
+        raise ValueError("--task_file: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
+                         "train.json)")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--task_file: no such file {str(file)!r}")
+    try:
+        records = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--task_file: {file} is not valid JSON ({error})") from None
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        raise ValueError(f"--task_file: {file} must hold a JSON list of task objects")
+    if whole_records:
+        return records
+    if not records:
+        raise ValueError(f"--task_file: {file} holds no task")
+    return [task_fields(record) for record in records]
+
+
+def task_fields(record: dict) -> dict:
+    """A task record's :data:`TASK_FIELDS` (trajectories and other extras dropped)."""
+    return {key: record[key] for key in TASK_FIELDS if key in record}
+
+
+def run_tasks(args) -> list[dict]:
+    """The tasks RL and evaluation play: those of ``--task_file``, with ``--auto_explore_targets``.
+
+    ``writer`` (the paper's code): a task's targets are its file and every file the data writer identified
+    in the task's trajectories; a task where the writer identified none is left out.
+    """
+    if args.auto_explore_targets == "task":
+        return load_tasks(args.task_file)
+    flag = "--auto_explore_targets writer"
+    records = load_tasks(args.task_file, whole_records=True)
+    if not any("trajectories" in record for record in records):
+        raise ValueError(f"{flag}: --task_file {args.task_file} holds no trajectories (give the output of "
+                         "reflection_negative or split_data)")
+    tasks = []
+    for record in records:
+        found = [t["filename"] for t in record.get("trajectories", []) if isinstance(t, dict) and t.get("filename")]
+        if found:
+            own = task_targets(record["filename"])  # first, so that the task's depth stays its own file's
+            tasks.append(dict(task_fields(record), filename=own + [path for path in task_targets(found) if path not in own]))
+    if not tasks:
+        raise ValueError(f"{flag}: in --task_file {args.task_file} the writer identified no file in any task")
+    logger.info("%s: %d of %d tasks kept (the others have no file the writer identified)", flag, len(tasks),
+                len(records))
+    return tasks
+
+
+def optimal_path(task: dict) -> list[str]:
+    """The shortest command sequence from the repo root: ``cd`` per folder, ``cat`` and ``id`` the target.
+
+    With several targets, the shallowest one (ties: sorted order).
+    """
+    target = min(task_targets(task.get("filename")), key=lambda t: (target_depth(t), t))
+    *folders, name = target.split("/")
+    return [f"cd {quote_path(folder)}" for folder in folders] + [f"cat {quote_path(name)}", f"id {quote_path(name)}"]
+
+
+def depth_curriculum(tasks: list[dict], max_steps: int, merge_first_two: bool = False,
+                     merge_after_first_k: int = 3, index: int | None = None) -> Curriculum:
+    """``--depth_curriculum``: tasks grouped by target depth, shallow first (see envs/curriculum.py)."""
+    if not tasks:
+        raise ValueError("depth curriculum: no tasks")
+    groups: list[list[int]] = [[depth] for depth in sorted({task_depth(t) for t in tasks})]
+    if merge_first_two and len(groups) >= 2 and groups[0] == [0] and groups[1] == [1]:
+        groups[:2] = [[0, 1]]
+    if len(groups) > merge_after_first_k + 1:
+        groups[merge_after_first_k:] = [[d for group in groups[merge_after_first_k:] for d in group]]
+    levels = [
+        Level(name="depth " + "+".join(map(str, group)),
+              options=[{"task": t} for t in tasks if task_depth(t) in group])
+        for group in groups
+    ]
+    curriculum = Curriculum(levels, proportional_steps([len(level.tasks) for level in levels], max_steps))
+    return curriculum if index is None else curriculum.only(index)
+
+
+def repo_task(repo: Path, rng: np.random.Generator) -> dict:
+    """A 'Find <file>' task for a random allowed file of ``repo`` at depth <= 2."""
+    repo = repo.resolve()
+    if not repo.is_dir():
+        raise ValueError(f"--repo_dir: no such folder {str(repo)!r}")
+    candidates = sorted(
+        p.relative_to(repo).as_posix() for p in repo.rglob("*")
+        if p.is_file() and not p.is_symlink() and file_kind(p.name)
+        and all(is_safe_name(part) for part in p.relative_to(repo).parts) and len(p.relative_to(repo).parts) <= 3
+    )
+    if not candidates:
+        raise ValueError(f"--repo_dir: {repo} has no file with an allowed suffix at depth <= 2")
+    target = candidates[int(rng.integers(len(candidates)))]
+    task = {"question": f"Find {target.rpartition('/')[2]}", "answer": target, "filename": target,
+            "root": str(repo), "n_level": target_depth(target), "model": "play"}
+    task["optimal_path"] = optimal_path(task)
+    return task

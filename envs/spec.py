@@ -1,0 +1,56 @@
+"""What the rest of the code asks of an environment, in one place: its :class:`EnvSpec`.
+
+Each environment module declares one ``SPEC``; ``envs.ENVS`` registers it by name. ``make_env``,
+the flags' keywords (``env_kwargs``), the training curriculum, the held-out evaluation
+episodes, ``envs.play`` and the flag checks all ask the spec, so that nothing outside ``envs/``
+branches on an environment's name. A new environment is one file and one registry line.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.base import TextEnv
+from envs.curriculum import Curriculum
+
+
+def _no_options(args, rng: np.random.Generator) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One environment's entry in the registry.
+
+    * ``make``: the environment class (or any factory taking its keywords).
+    * ``settings(args, evaluation, run_dir, split)``: its own constructor keywords from the flags
+      (``horizon``, ``shuffle_action`` and ``labels`` are every environment's, added by ``env_kwargs``);
+      ``evaluation`` turns training-only randomisation off.
+    * ``curriculum(args, max_steps)``: the training curriculum the flags describe (its training
+      starts; a single level when no curriculum is on).
+    * ``held_out(args, env)``: ``(reset options, level name)`` of each held-out unit (a curriculum
+      level, a task, a problem); evaluation plays each from the held-out seeds, disjoint from training's.
+    * ``play_options(args, rng)``: the reset options of one ``envs.play`` episode.
+    * ``data_steps``: the modules of its data pipeline, in order.
+    * ``own_flags``: flags that mean something for this environment alone (set for another, they
+      are reported); ``exclusive_flags``: the same, but an error for another environment.
+    """
+
+    name: str
+    make: Callable[..., TextEnv]
+    settings: Callable[..., dict]
+    curriculum: Callable[[Any, int], Curriculum]
+    held_out: Callable[[Any, TextEnv], list[tuple[dict, str]]]
+    play_options: Callable[[Any, np.random.Generator], dict] = _no_options
+    data_steps: tuple[str, ...] = ()
+    own_flags: tuple[str, ...] = ()
+    exclusive_flags: tuple[str, ...] = ()
+
+    def kwargs(self, args, *, evaluation: bool = False, run_dir: Path | None = None, split: str | None = None,
+               labels=None) -> dict:
+        """All constructor keywords of ``make`` from the shared flags."""
+        return {"horizon": args.horizon, "shuffle_action": args.shuffle_action, "labels": labels,
+                **self.settings(args, evaluation=evaluation, run_dir=run_dir, split=split)}
