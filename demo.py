@@ -48,16 +48,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import checkpoints
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
-import models
-from data_gen.common import write_json
 from envs import env_kwargs, make_env
 from envs.taxi import CURRICULA as TAXI_LEVELS
 from evaluation import evaluate
 from experiment_args import parse_args
-from paths import RESULTS_DIR
+from utils import checkpoints, models
+from utils.io import write_json
+from utils.paths import RESULTS_DIR
 from visualization import plot
 
 # --- the demo's budget (2 CPU cores, under 20 minutes) and where it departs from the paper --------

@@ -4,14 +4,14 @@ Every entry point (``supervised_pretrain.py``, ``rl_finetune.py``, the evaluatio
 scripts and the data-generation steps) parses :class:`ScriptArguments` with
 :func:`parse_args`, so a flag means the same thing everywhere and a run's
 ``setting.yml`` can be replayed by any script. ``ScriptArguments`` is composed of one
-dataclass per purpose, defined in ``arg_groups.py`` (model, optimisation, environment, RL,
+dataclass per purpose, defined in ``utils/arg_groups.py`` (model, optimisation, environment, RL,
 curriculum, data, LLM backend, evaluation, logging); each validates its own fields in ``__post_init__``, and
 ``ScriptArguments`` the combinations across groups. Nothing changes a setting after
 parsing.
 
 Flags keep the names of the paper's README (``--load_dir``, ``--reflect_load_dir``,
 ``--shrink_head``, ``--depth_curriculum`` ...). Values come from, in increasing
-precedence: the defaults in ``arg_groups.py``, the saved settings of ``--resume_from``, ``--config
+precedence: the defaults in ``utils/arg_groups.py``, the saved settings of ``--resume_from``, ``--config
 FILE.yaml``, explicit command-line flags.
 """
 
@@ -26,7 +26,7 @@ from typing import Literal, get_args, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 
-from arg_groups import (
+from utils.arg_groups import (
     CurriculumArguments,
     DataArguments,
     EnvArguments,
@@ -39,9 +39,9 @@ from arg_groups import (
     flag_owners,
     need,
 )
-from checkpoints import SETTINGS_FILE
-from errors import UsageError
-from parity import PRESETS
+from utils.checkpoints import SETTINGS_FILE
+from utils.errors import UsageError
+from utils.parity import PRESETS
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import string
 import weakref
 from pathlib import Path
 
-from errors import UsageError
+from utils.errors import UsageError
 
 ANALYZE_MARKER = " # Analyze:\n"
 ACTION_MARKER = " # Action:\n"

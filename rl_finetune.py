@@ -25,16 +25,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-import checkpoints
-import metrics
-import models
-import seeding
 from envs import curriculum_from_args, env_kwargs, make_env
 from envs.curriculum import Curriculum
 from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, run_script
-from rl_algorithms import LEARNERS, Learner, UpdateResult
+from rl_algorithms import LEARNERS, Learner, LearnerSettings, UpdateResult
 from rollout import Episode, EpisodeStart, RolloutStats, TwoPlayerRollout
+from utils import checkpoints, metrics, seeding
 
 logger = logging.getLogger(__name__)
 SCRIPT = "rl_finetune"
@@ -47,8 +44,9 @@ def main(args) -> int:
     seeding.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
     if args.resume_from:
         check_resume(args)
-    rollout = load_players(args, args.resume_from or args.load_dir)
-    learner = LEARNERS[args.trainer](args, rollout.scorer, accelerator)
+    rollout = TwoPlayerRollout.load(args, args.resume_from or args.load_dir, args.reflect_load_dir,
+                                    reflect=args.use_reflection, trainable=True)
+    learner = LEARNERS[args.trainer](LearnerSettings.from_args(args), rollout.scorer, accelerator)
     curriculum = curriculum_from_args(args)
     rng = np.random.default_rng([args.seed, accelerator.process_index])  # each rank draws its own episodes
     progress = resume(args, learner, rng, accelerator) if args.resume_from else Progress()
@@ -95,19 +93,6 @@ def main(args) -> int:
 
 
 # --- setup ----------------------------------------------------------------------------------------
-
-def load_players(args, adapter_dir: str | None) -> TwoPlayerRollout:
-    """The trainable policy (with the label head if asked) and the frozen reflector, as one rollout."""
-    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=adapter_dir, shrink_head=args.shrink_head)
-    policy.eval()  # no dropout: the log-probs of the update equal those of the rollout
-    reflector, reflect_tokenizer = None, None
-    if args.use_reflection:
-        if args.reflect_load_dir is None:
-            logger.warning("--reflect without --reflect_load_dir: reflections come from the untuned base model")
-        reflector, reflect_tokenizer = models.load_model_and_tokenizer(
-            args, model_name=args.reflect_model_name, adapter_dir=args.reflect_load_dir, trainable=False)
-    return TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
-
 
 def episode_starts(curriculum: Curriculum, level_index: int, count: int, rng) -> list[EpisodeStart]:
     level = curriculum.levels[level_index]

@@ -29,9 +29,11 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
-import models
 from envs.base import TextEnv
 from prompts import clean_reflection, label_alphabet, label_token_ids, policy_prompt, reflection_prompt
+from utils import models
+
+logger = logging.getLogger(__name__)
 
 
 class _UnpaddedGenerateWarning(logging.Filter):
@@ -229,6 +231,25 @@ class TwoPlayerRollout:
     def labels(self) -> tuple[str, ...]:
         """The policy's choice labels: build the environments with them (``make_env(..., labels=...)``)."""
         return self.scorer.labels
+
+    @classmethod
+    def load(cls, args, policy_dir: str | None, reflect_dir: str | None, *, reflect: bool, trainable: bool = False,
+             shrink_head: bool | None = None) -> "TwoPlayerRollout":
+        """Load the two players as the flags describe (the one loader of RL, evaluation and the benchmarks):
+        the policy from ``policy_dir`` (trainable or frozen; with the label head when ``shrink_head``,
+        default ``--shrink_head``) and, when ``reflect``, the frozen reflector from ``reflect_dir``
+        (``--reflect_model_name``; without a folder, the untuned base model, with a warning)."""
+        shrink_head = args.shrink_head if shrink_head is None else shrink_head
+        policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=policy_dir, trainable=trainable,
+                                                           shrink_head=shrink_head)
+        policy.eval()  # no dropout: the log-probs of an update equal those of the rollout
+        reflector, reflect_tokenizer = None, None
+        if reflect:
+            if reflect_dir is None:
+                logger.warning("--reflect without --reflect_load_dir: reflections come from the untuned base model")
+            reflector, reflect_tokenizer = models.load_model_and_tokenizer(
+                args, model_name=args.reflect_model_name, adapter_dir=reflect_dir, trainable=False)
+        return cls.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
 
     @classmethod
     def from_args(cls, args, policy, tokenizer, reflector=None, reflect_tokenizer=None) -> "TwoPlayerRollout":

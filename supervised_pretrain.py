@@ -18,11 +18,6 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-import checkpoints
-import metrics
-import models
-import seeding
-from errors import UsageError
 from experiment_args import run_script
 from prompts import (
     ACTION_MARKER,
@@ -33,6 +28,8 @@ from prompts import (
     tokenizer_name,
     write_label_file,
 )
+from utils import checkpoints, metrics, models, seeding
+from utils.errors import UsageError
 
 logger = logging.getLogger(__name__)
 SCRIPT = "supervised_pretrain"

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-import models
 from benchmarks.saycan import SayCanScorer
 from envs import make_env
 from experiment_args import parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
 from rollout import PolicyScorer
+from utils import models
 
 SIZES = (6, 20, 50, 100)
 

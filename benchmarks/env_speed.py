@@ -18,7 +18,7 @@ import numpy as np
 from envs import make_env
 from envs.auto_explore_tasks import DEFAULT_PLAY_REPO, repo_task
 from experiment_args import parse_args
-from paths import SHARED_DIR
+from utils.paths import SHARED_DIR
 
 FIXTURES = SHARED_DIR / "alfworld" / "fixtures"
 

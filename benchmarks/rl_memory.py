@@ -22,16 +22,18 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     import torch
     from accelerate import Accelerator
 
-    import models
     import rl_finetune
     from envs import make_env
     from envs.taxi import taxi_curriculum
     from experiment_args import parse_args
-    from rl_algorithms import LEARNERS
+    from rl_algorithms import LEARNERS, LearnerSettings
+    from rollout import TwoPlayerRollout
+    from utils import models
 
     args = parse_args([*argv, f"--per_device_eval_batch_size={batch}", "--env=taxi"])
-    rollout = rl_finetune.load_players(args, args.load_dir)
-    learner = LEARNERS["pg"](args, rollout.scorer, Accelerator(cpu=not torch.cuda.is_available()))
+    rollout = TwoPlayerRollout.load(args, args.load_dir, args.reflect_load_dir, reflect=args.use_reflection,
+                                    trainable=True)
+    learner = LEARNERS["pg"](LearnerSettings.from_args(args), rollout.scorer, Accelerator(cpu=not torch.cuda.is_available()))
     policy, reflector = rollout.scorer.policy, rollout.reflector
     play = functools.partial(rollout.run, [make_env("taxi", horizon=10, labels=rollout.labels) for _ in range(batch)])
     curriculum = taxi_curriculum(1)

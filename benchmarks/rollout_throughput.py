@@ -16,7 +16,6 @@ import time
 import numpy as np
 import torch
 
-import models
 from envs import make_env
 from envs.taxi import FULL
 from experiment_args import parse_args
@@ -42,11 +41,7 @@ def play(rollout: TwoPlayerRollout, starts: list[EpisodeStart], batch: int) -> t
 
 @torch.no_grad()  # a scoped switch: the caller's grad mode comes back on return
 def main(args) -> int:
-    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir, trainable=False,
-                                                       shrink_head=True)
-    reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.reflect_load_dir,
-                                                                  trainable=False)
-    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
+    rollout = TwoPlayerRollout.load(args, args.load_dir, args.reflect_load_dir, reflect=True, shrink_head=True)
     play(rollout, [EpisodeStart(seed=499, options={"curriculum": FULL})], 1)  # warm-up, not timed
     rows = []
     for batch in BATCHES:

@@ -1,1 +1,1 @@
-"""Data-generation pipelines (AutoExplore, DangerousTaxi, ALFWorld); their LLM client is the top-level ``llm.py``."""
+"""Data-generation pipelines (AutoExplore, DangerousTaxi, ALFWorld); their LLM client is ``utils/llm.py``."""

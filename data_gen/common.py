@@ -1,11 +1,11 @@
-"""What every pipeline step shares: resumable item journals, atomic writes, seeding.
+"""What every pipeline step shares: resumable item journals and seeding (atomic writes: utils/io.py).
 
 A step processes *items* (a file, a task, an episode), each with a key that names
 its inputs. Finished items are appended to a journal ``<out_dir>/.progress/<step>.jsonl``
 (one line each, flushed and fsynced), so an interrupted run loses nothing it had
 finished and a re-run skips them. Each item draws its randomness from
 :func:`item_rng` (the run's seed and the item's key), so an interrupted-then-resumed
-run writes exactly what an uninterrupted one writes. Outputs are written atomically.
+run writes exactly what an uninterrupted one writes. Outputs are written atomically (``utils.io``).
 """
 
 import hashlib
@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from utils.io import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,37 +31,6 @@ def item_rng(seed: int, *key: Any) -> np.random.Generator:
     """A generator for one item, from the run's seed and the item's key (order-independent)."""
     digest = hashlib.sha256(json.dumps([seed, *key], sort_keys=True, default=str).encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def write_json(path: str | Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
-def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
-    lines = [json.dumps(record, ensure_ascii=False) for record in records]
-    write_text_atomic(path, "".join(line + "\n" for line in lines))
-    return len(lines)
-
-
-def read_json(path: str | Path, flag: str = "--task_file") -> Any:
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{flag}: no such file {str(path)!r}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{flag}: {path} is not valid JSON ({error})") from None
 
 
 @dataclass

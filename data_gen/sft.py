@@ -19,9 +19,10 @@ Three files, each line ``{"text": ...}``:
 
 from pathlib import Path
 
-from data_gen.common import print_counts, read_json, write_jsonl
-from errors import UsageError
+from data_gen.common import print_counts
 from prompts import LABELS, policy_sft_text, reflection_sft_text, relabel, relabel_label, write_label_file
+from utils.errors import UsageError
+from utils.io import read_json, write_jsonl
 
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 
@@ -41,7 +42,7 @@ LABEL_KEYS = {"taken": "taken", "oracle": "action"}  # --sft_label -> the record
 
 def sft_labels(args) -> tuple[str, ...]:
     """The choice labels of ``--model_name`` (the model the texts are for), or a one-line error."""
-    import models
+    from utils import models
 
     try:
         return models.policy_labels(args)

@@ -13,7 +13,7 @@ import numpy as np
 
 from envs.curriculum import Curriculum, Level, proportional_steps
 from envs.sandbox import file_kind, is_safe_name, quote_path
-from paths import DATA_DIR, REPO_ROOT
+from utils.paths import DATA_DIR, REPO_ROOT
 
 logger = logging.getLogger(__name__)
 

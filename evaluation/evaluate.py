@@ -30,11 +30,10 @@ import numpy as np
 import yaml
 from tqdm.auto import tqdm
 
-import checkpoints
-import models
 from envs import env_kwargs, env_spec, make_env
 from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
+from utils import checkpoints, models
 
 SCRIPT = "evaluate"
 # Evaluation seeds start here. Training episodes and data-generation episodes draw their
@@ -83,13 +82,8 @@ def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
 
 
 def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> list:
-    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=config.get("load_dir"), trainable=False,
-                                                       shrink_head=args.shrink_head)
-    reflector, reflect_tokenizer = None, None
-    if config.get("reflect_load_dir"):
-        reflector, reflect_tokenizer = models.load_model_and_tokenizer(
-            args, model_name=args.reflect_model_name, adapter_dir=config["reflect_load_dir"], trainable=False)
-    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
+    rollout = TwoPlayerRollout.load(args, config.get("load_dir"), config.get("reflect_load_dir"),
+                                    reflect=bool(config.get("reflect_load_dir")))
     rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
     return play_all(rollout, envs, starts, rng, desc=f"eval {config['name']}")
 

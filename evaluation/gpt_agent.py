@@ -16,8 +16,8 @@ import logging
 import re
 
 from envs.base import TextEnv
-from llm import ChatClient
 from rollout import Decision, Episode, EpisodeStart
+from utils.llm import ChatClient
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,14 @@ import hashlib
 import json
 from pathlib import Path
 
-import checkpoints
-from data_gen.common import Journal, journal_name, write_jsonl
+from data_gen.common import Journal, journal_name
 from envs import EnvPool, env_kwargs, make_env
 from evaluation.evaluate import save_results, summarise, test_episodes
 from evaluation.gpt_agent import INSTRUCTIONS, as_episode, play_episode
-from llm import concurrency, make_client, stops_on_llm_error
 from rollout import EpisodeStart
+from utils import checkpoints
+from utils.io import write_jsonl
+from utils.llm import concurrency, make_client, stops_on_llm_error
 
 UNUSABLE_FILE = "unusable_answers.jsonl"
 

@@ -1,10 +1,12 @@
 """The RL learners, one file each, behind one interface (:class:`Learner`).
 
-``--trainer NAME`` picks ``LEARNERS[NAME]``. To add a learner, write a ``Learner``
-subclass in a new file here and add one line to ``LEARNERS``.
+``--trainer NAME`` picks ``LEARNERS[NAME]``, built with its settings:
+``LEARNERS[name](LearnerSettings.from_args(args), scorer, accelerator)``. To add a learner, write a
+``Learner`` subclass in a new file here and add one line to ``LEARNERS`` (and its flags to
+``LearnerSettings``).
 """
 
-from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
+from rl_algorithms.base import Learner, LearnerSettings, Play, UpdateResult, flat_decisions
 from rl_algorithms.losses import ValueHead, cost_to_go, pg_loss, ppo_loss, refuel_loss, value_loss
 from rl_algorithms.pg import PolicyGradient, ReplayBuffer
 from rl_algorithms.ppo import PPO
@@ -16,6 +18,6 @@ LEARNERS: dict[str, type[Learner]] = {
     "refuel": Refuel,
 }
 
-__all__ = ["LEARNERS", "PPO", "Learner", "Play", "PolicyGradient", "Refuel", "ReplayBuffer", "UpdateResult",
+__all__ = ["LEARNERS", "PPO", "Learner", "LearnerSettings", "Play", "PolicyGradient", "Refuel", "ReplayBuffer", "UpdateResult",
            "ValueHead", "cost_to_go", "flat_decisions", "pg_loss", "ppo_loss", "refuel_loss", "refuel_pairs",
            "value_loss"]

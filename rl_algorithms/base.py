@@ -14,14 +14,14 @@ only source of randomness a learner may draw from.
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
-from models import base_model, device
 from rl_algorithms.losses import ValueHead, cost_to_go, value_loss
 from rollout import Decision, Episode, EpisodeStart, PolicyScorer, entropy_of
+from utils.models import base_model, device
 
 Play = Callable[[list[EpisodeStart], np.random.Generator], list[Episode]]
 
@@ -61,25 +61,52 @@ def flat_decisions(episodes: list[Episode]) -> tuple[list[Decision], torch.Tenso
     return decisions, torch.tensor(q, dtype=torch.float32)
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """All a learner reads of the flags, given to it explicitly (:meth:`from_args`)."""
+
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float
+    minibatch_size: int  # --per_device_train_batch_size: decisions per backward pass
+    baseline: str
+    critic_layer_type: str
+    critic_update_freq: int
+    critic_update_iter: int
+    entropy_coef: float
+    replay_buffer_size: int
+    replay_batch_size: int
+    replay_mode: str
+    pg_normalize: str
+    ppo_clip: float
+    ppo_epochs: int
+    refuel_eta: float
+
+    @classmethod
+    def from_args(cls, args) -> "LearnerSettings":
+        flag = {"minibatch_size": "per_device_train_batch_size"}
+        return cls(**{f.name: getattr(args, flag.get(f.name, f.name)) for f in fields(cls)})
+
+
 class Learner:
     """Base class: subclasses implement :meth:`update` (and extend the state methods)."""
 
-    def __init__(self, args, scorer: PolicyScorer, accelerator):
-        self.args, self.scorer, self.accelerator = args, scorer, accelerator
+    def __init__(self, settings: LearnerSettings, scorer: PolicyScorer, accelerator):
+        self.settings, self.scorer, self.accelerator = settings, scorer, accelerator
         self.critic = None
-        if args.baseline == "critic":
-            self.critic = ValueHead(base_model(scorer.policy).config.hidden_size, args.critic_layer_type).to(device())
+        if settings.baseline == "critic":
+            self.critic = ValueHead(base_model(scorer.policy).config.hidden_size, settings.critic_layer_type).to(device())
         # The critic learns in the policy's optimiser step (ours), or on the paper's schedule: every
         # --critic_update_freq iterations, --critic_update_iter passes, with an optimiser of its own.
-        self.critic_schedule = self.critic is not None and (args.critic_update_freq, args.critic_update_iter) != (1, 1)
+        self.critic_schedule = self.critic is not None and (settings.critic_update_freq, settings.critic_update_iter) != (1, 1)
         self.params = [p for p in scorer.policy.parameters() if p.requires_grad]
         if self.critic is not None and not self.critic_schedule:
             self.params += list(self.critic.parameters())
-        self.optimizer = torch.optim.Adam(self.params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        self.optimizer = torch.optim.Adam(self.params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
         if self.critic_schedule:
             self.critic_params = list(self.critic.parameters())
-            self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=args.learning_rate,
-                                                     weight_decay=args.weight_decay)
+            self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=settings.learning_rate,
+                                                     weight_decay=settings.weight_decay)
             self.critic_data: list[tuple[torch.Tensor, torch.Tensor]] = []  # (hidden, cost-to-go) to learn from
             self.iterations_since_critic = 0
 
@@ -109,7 +136,7 @@ class Learner:
 
     def score(self, decisions: list[Decision]) -> Iterator[Scored]:
         """Current log-probs of the decisions' actions, in minibatches of ``per_device_train_batch_size``."""
-        size = self.args.per_device_train_batch_size
+        size = self.settings.minibatch_size
         for start in range(0, len(decisions), size):
             chunk = decisions[start:start + size]
             scores = self.scorer.logprobs([d.prompt for d in chunk], [d.valid for d in chunk],
@@ -118,7 +145,7 @@ class Learner:
             chosen = logp.gather(1, torch.tensor([[d.action] for d in chunk], device=logp.device)).squeeze(1)
             hidden = scores.hidden.detach() if self.critic is not None else None
             values = self.critic(hidden) if self.critic is not None else None
-            entropy = entropy_of(logp) if self.args.entropy_coef > 0 else None
+            entropy = entropy_of(logp) if self.settings.entropy_coef > 0 else None
             yield Scored(start, chunk, chosen, values, hidden, entropy)
 
     def critic_term(self, scored: Scored, q_chunk: torch.Tensor, num_decisions: int,
@@ -141,12 +168,12 @@ class Learner:
         if not self.critic_schedule:
             return None
         self.iterations_since_critic += 1
-        if self.iterations_since_critic < self.args.critic_update_freq:
+        if self.iterations_since_critic < self.settings.critic_update_freq:
             return None
         hidden = torch.cat([h for h, _ in self.critic_data]) if self.critic_data else torch.zeros(0, 1)
         q = torch.cat([c for _, c in self.critic_data]) if self.critic_data else torch.zeros(0)
-        size, losses = self.args.per_device_train_batch_size, []
-        for _ in range(self.args.critic_update_iter):
+        size, losses = self.settings.minibatch_size, []
+        for _ in range(self.settings.critic_update_iter):
             order = torch.from_numpy(rng.permutation(len(q)))
             batches = [order[i:i + size] for i in range(0, len(q), size)]
             for number in range(self.agreed_count(len(batches))):  # ranks step together
@@ -172,13 +199,13 @@ class Learner:
         """``--entropy_coef`` times the minibatch's summed entropy per episode (subtracted from a loss)."""
         if scored.entropy is None:
             return 0.0
-        return self.args.entropy_coef * scored.entropy.sum() / num_episodes
+        return self.settings.entropy_coef * scored.entropy.sum() / num_episodes
 
     def baseline(self, q: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor | float:
         """What ``--baseline`` subtracts from the cost-to-go (``q``: the whole batch's)."""
-        if self.args.baseline == "mean":
+        if self.settings.baseline == "mean":
             return q.mean()
-        if self.args.baseline == "critic":
+        if self.settings.baseline == "critic":
             return values.detach()
         return 0.0
 
@@ -206,7 +233,7 @@ class Learner:
         if not bool(finite):
             optimizer.zero_grad(set_to_none=True)
             return False, None
-        norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return True, float(norm)

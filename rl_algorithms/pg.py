@@ -19,15 +19,15 @@ from rollout import Episode
 
 
 class PolicyGradient(Learner):
-    def __init__(self, args, scorer, accelerator):
-        super().__init__(args, scorer, accelerator)
-        self.replay = ReplayBuffer(args.replay_buffer_size)
+    def __init__(self, settings, scorer, accelerator):
+        super().__init__(settings, scorer, accelerator)
+        self.replay = ReplayBuffer(settings.replay_buffer_size)
         self.level: str | None = None  # the curriculum level of the last batch (--replay_mode separate)
 
     def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
-        if self.args.replay_mode == "separate":
+        if self.settings.replay_mode == "separate":
             return self._update_separately(episodes, rng)
-        replayed = [Episode.from_dict(e) for e in self.replay.sample(self.args.replay_batch_size, rng)]
+        replayed = [Episode.from_dict(e) for e in self.replay.sample(self.settings.replay_batch_size, rng)]
         total, applied, grad_norm, critic_total = self._train(episodes + replayed)
         for episode in episodes:
             self.replay.add(episode.to_dict())
@@ -57,7 +57,7 @@ class PolicyGradient(Learner):
         """One optimiser step of REINFORCE (and the critic) on ``batch``."""
         decisions, q = flat_decisions(batch)
         # --pg_normalize: the summed loss per episode (ours) or per decision (the paper's code)
-        norm = len(batch) if self.args.pg_normalize == "episodes" else len(decisions)
+        norm = len(batch) if self.settings.pg_normalize == "episodes" else len(decisions)
         total, critic_total = 0.0, 0.0
         for scored in self.score(decisions):
             q_chunk = q[scored.start:scored.start + len(scored.decisions)].to(scored.logprobs.device)

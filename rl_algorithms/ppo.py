@@ -17,9 +17,9 @@ class PPO(Learner):
     def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
         decisions, q = flat_decisions(episodes)
         old = torch.tensor([d.logprob for d in decisions])
-        clip = self.args.ppo_clip
+        clip = self.settings.ppo_clip
         applied = True
-        for epoch in range(self.args.ppo_epochs):
+        for epoch in range(self.settings.ppo_epochs):
             total, log_ratios = 0.0, []
             for scored in self.score(decisions):
                 end = scored.start + len(scored.decisions)

@@ -40,7 +40,7 @@ class Refuel(Learner):
 
     def _accumulate(self, pairs: list[Pair]) -> float:
         """Backpropagate the loss over all pairs (in minibatches); return its value."""
-        total, size = 0.0, self.args.per_device_train_batch_size
+        total, size = 0.0, self.settings.minibatch_size
         for start in range(0, len(pairs), size):
             chunk = pairs[start:start + size]
             decisions = [p[0] for p in chunk] + [p[1] for p in chunk]
@@ -56,7 +56,7 @@ class Refuel(Learner):
             branch_returns = torch.tensor([p[3] for p in chunk], device=logp.device)
             n = len(chunk)
             loss = refuel_loss(chosen[:n], old[:n], chosen[n:], old[n:], returns, branch_returns,
-                               self.args.refuel_eta)
+                               self.settings.refuel_eta)
             (loss * n / len(pairs)).backward()
             total += loss.item() * n / len(pairs)
         return total

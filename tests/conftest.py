@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from experiment_args import ScriptArguments  # noqa: E402
-from paths import SHARED_DIR  # noqa: E402
+from utils.paths import SHARED_DIR  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,14 +41,14 @@ def make_args(tmp_path):
 
 @pytest.fixture(scope="session")
 def tiny_path() -> Path:
-    import tiny_gpt2
+    from utils import tiny_gpt2
 
     return tiny_gpt2.tiny_gpt2_path()
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
-    import models
+    from utils import models
 
     return models.load_tokenizer("tiny-gpt2")
 
@@ -86,7 +86,7 @@ def digit_model(tmp_path_factory) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-    import tiny_gpt2
+    from utils import tiny_gpt2
 
     eos = "<|endoftext|>"
     bpe = Tokenizer(models.BPE())

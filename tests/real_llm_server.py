@@ -32,7 +32,7 @@ def missing_requirement() -> str | None:
     """Why the server cannot run here (a reason for ``pytest.skip``), or None if it can."""
     from transformers.utils.import_utils import is_serve_available
 
-    import paths
+    from utils import paths
 
     if not is_serve_available():
         return "transformers serve needs the serving extra (pip install 'transformers[serving]')"
@@ -52,8 +52,7 @@ def serve_folder() -> Path:
     as OpenAI does: temperature 0 is greedy (the server turns sampling off for it), any other samples.
     The copy links every other file of the folder (no second copy of the weights).
     """
-    import models
-    import paths
+    from utils import models, paths
 
     gguf = paths.smollm2_gguf()
     if gguf is None:

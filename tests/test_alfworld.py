@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paths import SHARED_DIR
+from utils.paths import SHARED_DIR
 
 # Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
 # this process; the env itself only imports it inside its worker process.

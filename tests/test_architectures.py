@@ -5,10 +5,10 @@ model's position limit. Small random models with the digit-splitting tokenizer, 
 import pytest
 import torch
 
-import models
 from envs import make_env
 from prompts import policy_prompt
 from rollout import PolicyScorer
+from utils import models
 
 ARCHITECTURES = {
     "llama": "LlamaConfig",

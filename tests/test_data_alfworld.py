@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paths import SHARED_DIR
+from utils.paths import SHARED_DIR
 
 # Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
 # this process; the env itself only imports it inside its worker process.
@@ -30,15 +30,16 @@ if not FIXTURE.is_dir() or not TOMATO.is_dir():
     pytest.skip(f"ALFWorld data not found under {DATA}", allow_module_level=True)
 
 from data_gen.alfworld import gen_sft, reflection  # noqa: E402
-from data_gen.alfworld.reflection import LastStep, Memory, journal_name, oracle_reflection  # noqa: E402
+from data_gen.alfworld.oracle_writer import LastStep, Memory, oracle_reflection  # noqa: E402
+from data_gen.alfworld.reflection import journal_name  # noqa: E402
 from data_gen.common import Journal, item_rng, reflection_problem  # noqa: E402
 from envs.alfworld import ALFWorldEnv  # noqa: E402
 from envs.base import rng_seed  # noqa: E402
 from experiment_args import ScriptArguments  # noqa: E402
-from llm import LLMError  # noqa: E402
 from prompts import ACTION_MARKER, completion_start, policy_prompt, reflection_prompt  # noqa: E402
 from tests.conftest import snapshot  # noqa: E402
 from tests.openai_server import OpenAIServer  # noqa: E402
+from utils.llm import LLMError  # noqa: E402
 
 HEAD = ALFWorldEnv.action_head
 WIN = "move tomato 1 to microwave 1"
@@ -305,7 +306,7 @@ def test_api_records_do_not_depend_on_concurrency(root, tmp_path):
 
     outputs = []
     for n in (1, 4):
-        with OpenAIServer(fake_reflection, delay=0.01) as server:
+        with OpenAIServer(fake_reflection, delay=0.05) as server:  # long enough that n requests overlap on a loaded machine
             args = _args(root, tmp_path / f"n{n}", api="local", base_url=server.url, model="m", num_episodes=3,
                          horizon=5, max_concurrency=n)
             assert reflection.main(args) == 0

@@ -19,10 +19,10 @@ from data_gen.auto_explore.reflection_negative import question_topic
 from data_gen.common import Journal, journal_name
 from envs.auto_explore import AutoExploreEnv
 from envs.auto_explore_tasks import TASK_FIELDS, optimal_path, task_targets
-from llm import LLMError
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_sft_text, reflection_sft_text
 from tests.auto_explore_repos import KEPT, SEED, build_repos, make, write
 from tests.openai_server import OpenAIServer
+from utils.llm import LLMError
 
 
 def read_jsonl(path) -> list[str]:
@@ -403,8 +403,8 @@ def test_gen_sft_needs_trajectories(chain):
 
 def test_gen_sft_for_a_model_with_its_own_alphabet(chain, digit_model):
     """The texts show the model's labels (shuffled from its alphabet); labels.json says which."""
-    import models
     from prompts import LABEL_FILE, LABELS, label_alphabet, relabel
+    from utils import models
 
     out = chain.base / "digits"
     assert gen_sft.main(make(task_file=chain.filtered / "train.json", repo_dir=chain.repos, shuffle_action=True,
@@ -436,7 +436,7 @@ def test_api_steps_do_not_depend_on_concurrency(chain, tmp_path):
     for n in (1, 5):
         out = tmp_path / f"n{n}"
         write(out / "traj" / "data.json", json.dumps([task, dict(task, question="Where is `run`?")]))
-        with OpenAIServer(_writer, delay=0.01) as server:
+        with OpenAIServer(_writer, delay=0.05) as server:  # long enough that n requests overlap on a loaded machine
             common = dict(api="local", base_url=server.url, model="local-llm", repo_dir=chain.repos, max_concurrency=n)
             assert gen_task.main(make(output_dir=out / "tasks", **common)) == 0
             assert reflection_negative.main(make(task_file=out / "traj" / "data.json", **common)) == 0

@@ -8,9 +8,9 @@ from data_gen.common import Journal, item_rng
 from data_gen.taxi import gen_sft, reflection
 from envs import make_env
 from envs.base import rng_seed
-from llm import LLMError
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_prompt, reflection_prompt
 from tests.openai_server import OpenAIServer
+from utils.llm import LLMError
 
 
 @pytest.fixture
@@ -160,8 +160,8 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     """The policy sees at RL time exactly the prompt it was fine-tuned on, for the same state."""
     import numpy as np
 
-    import models
     from rollout import Decision, EpisodeStart, TwoPlayerRollout
+    from utils import models
 
     records = _run(make_args, tmp_path, num_episodes=1)
     assert gen_sft.main(make_args(task_file=str(tmp_path / "data_reflection.json"))) == 0

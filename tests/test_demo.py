@@ -7,8 +7,8 @@ import json
 import pytest
 
 import demo
-from checkpoints import run_dirs
 from evaluation import evaluate
+from utils.checkpoints import run_dirs
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import pytest
 
 import envs
 import rl_finetune
-from checkpoints import run_dirs
 from envs.base import Outcome, TextEnv
 from envs.curriculum import single_level
 from envs.spec import EnvSpec
 from evaluation import evaluate
+from utils.checkpoints import run_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,11 +6,10 @@ import pytest
 import torch
 import yaml
 
-import metrics
-import models
 from evaluation import auto_explore_gpt, evaluate, evaluate_gpt
 from evaluation.gpt_agent import ANSWER_RULE, REACT_RULE, REFLECT_RULE, parse_choice
 from tests.openai_server import OpenAIServer
+from utils import metrics, models
 from visualization import plot
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
 from envs import make_env
 from prompts import (
     ACTION_MARKER,
@@ -19,6 +18,7 @@ from prompts import (
     relabel,
     write_label_file,
 )
+from utils import models
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import rl_algorithms.pg
 import rl_algorithms.ppo
 import rl_algorithms.refuel
 import rl_finetune
-from checkpoints import run_dirs
+from utils.checkpoints import run_dirs
 
 GOLDEN = Path(__file__).parent / "golden" / "learner_runs.json"
 COMMON = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=3,

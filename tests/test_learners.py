@@ -1,15 +1,17 @@
 """Each learner behind the one interface, on a toy batch of Taxi episodes with tiny-gpt2."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
 
-import models
 from envs import make_env
-from rl_algorithms import LEARNERS, UpdateResult
+from rl_algorithms import LEARNERS, LearnerSettings, UpdateResult
 from rl_algorithms.base import flat_decisions
 from rollout import EpisodeStart, TwoPlayerRollout
+from utils import models
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def toy(make_args):
 
         rng = np.random.default_rng(0)
         episodes = play([EpisodeStart(seed=s, options={"curriculum": "full"}) for s in (1, 2, 3)], rng)
-        learner = LEARNERS[trainer](args, rollout.scorer, Accelerator(cpu=True))
+        learner = LEARNERS[trainer](LearnerSettings.from_args(args), rollout.scorer, Accelerator(cpu=True))
         return learner, episodes, play, rng
 
     return build
@@ -150,7 +152,7 @@ def _critic_weights(learner):
 def test_the_papers_critic_schedule_trains_the_critic_every_n_iterations_with_its_own_optimiser(toy, trainer):
     learner, episodes, play, rng = toy(trainer, use_critic=True, critic_update_freq=2, critic_update_iter=3,
                                        critic_layer_type="mlp", ppo_epochs=2)
-    assert learner.args.baseline == "critic" and learner.critic_schedule
+    assert learner.settings.baseline == "critic" and learner.critic_schedule
     critic_ids = {id(p) for p in learner.critic.parameters()}
     assert not critic_ids & {id(p) for p in learner.params}, "the policy's optimiser does not step the critic"
     decisions = sum(len(e.decisions) for e in episodes)
@@ -165,7 +167,7 @@ def test_the_papers_critic_schedule_trains_the_critic_every_n_iterations_with_it
     assert np.isfinite(second.metrics["critic_loss"])
     assert any(not torch.equal(a, b) for a, b in zip(start, _critic_weights(learner)))
     steps = {int(s["step"]) for s in learner.critic_optimizer.state_dict()["state"].values()}
-    size = learner.args.per_device_train_batch_size
+    size = learner.settings.minibatch_size
     assert steps == {3 * -(-2 * decisions // size)}, "3 passes over both iterations' decisions, in minibatches"
     assert learner.critic_data == [] and learner.iterations_since_critic == 0
 
@@ -202,3 +204,10 @@ def test_critic_flags(make_args):
         make_args(shared_critic=False)
     with pytest.raises(ValueError, match="--critic_update_freq: must be >= 1"):
         make_args(critic_update_freq=0)
+
+
+def test_a_learner_gets_its_settings_not_the_flags(make_args):
+    settings = LearnerSettings.from_args(make_args(per_device_train_batch_size=3, ppo_clip=0.3, refuel_eta=2.0))
+    assert (settings.minibatch_size, settings.ppo_clip, settings.refuel_eta) == (3, 0.3, 2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.ppo_clip = 0.1

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from llm import ChatClient, LLMError, make_client
 from tests.openai_server import OpenAIServer, Raw
+from utils.llm import ChatClient, LLMError, make_client
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 

@@ -16,8 +16,8 @@ import pytest
 
 from data_gen.common import Journal, Unfinished, reflect_with_api, reflection_problem
 from data_gen.taxi import reflection as taxi_reflection
-from llm import ChatClient
 from tests.openai_server import OpenAIServer
+from utils.llm import ChatClient
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,12 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoints
-import metrics
-import models
-import seeding
 from experiment_args import parse_args
 from prompts import LABELS, label_token_ids, policy_prompt
+from utils import checkpoints, metrics, models, seeding
 
 HEAD = "The actions you can take now is:"
 PROMPTS = [

@@ -12,12 +12,12 @@ import shlex
 import pytest
 
 from experiment_args import parse_args
-from paths import SHARED_DIR
 from tests.auto_explore_repos import build_repos
 from tests.conftest import REPO, copy_repository, snapshot
 from tests.in_process import project_from, run_in_process
 from tests.openai_server import OpenAIServer
 from tests.test_readme import OVERRIDES, USES_API, _checkpoints, _latest, _target
+from utils.paths import SHARED_DIR
 
 # The script's --env default (what its __main__ passes to parse_args), by module.
 ENV_OF = {"data_gen.taxi": "taxi", "data_gen.alfworld": "alfworld", "evaluation.auto_explore_gpt": "auto_explore"}

@@ -1,5 +1,5 @@
 """Parity with the paper's code: its flag names, `--preset paper` (value by value in setting.yml, for
-each environment), checkpoint clean-up, and the README's table, generated from parity.py."""
+each environment), checkpoint clean-up, and the README's table, generated from utils/parity.py."""
 
 import json
 import re
@@ -9,16 +9,15 @@ import pytest
 import torch
 import yaml
 
-import checkpoints
-import parity
 import rl_finetune
 import supervised_pretrain as sft
 from experiment_args import ScriptArguments, parse_args
-from paths import SHARED_DIR
 from prompts import policy_sft_text
 from tests.auto_explore_repos import build_repo, make_task
 from tests.conftest import REPO
 from tests.test_sft import HEAD, OBS, _write
+from utils import checkpoints, parity
+from utils.paths import SHARED_DIR
 
 PAPER = parity.PRESETS["paper"]
 FIXTURE = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
@@ -147,8 +146,8 @@ def test_reflections_kept_whole_as_the_paper_does(tiny_path):
     assert clean_reflection(text, one_line=False) == "The taxi is at row 2.\nThe passenger waits at R.\n"
     assert "row 2.\nThe passenger" in policy_prompt(OBS, HEAD, text, one_line=False)
 
-    import models
     from experiment_args import ScriptArguments
+    from utils import models
 
     policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), trainable=False)
     newline = tokenizer.encode("\n")
@@ -179,7 +178,7 @@ def test_pg_normalised_per_decision_as_the_paper(make_args, tmp_path):
 
 
 def test_disable_dropout_turns_off_every_dropout(make_args):
-    import models
+    from utils import models
 
     model, _ = models.load_model_and_tokenizer(make_args(disable_dropout=True))
     dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
@@ -192,7 +191,7 @@ def test_disable_dropout_turns_off_every_dropout(make_args):
 def test_four_bit_options_reach_bitsandbytes(make_args):
     if not torch.cuda.is_available():
         pytest.skip("bitsandbytes 4-bit needs CUDA")
-    import models
+    from utils import models
 
     model, _ = models.load_model_and_tokenizer(make_args(load_in_8bit=False, load_in_4bit=True, use_nested_quant=True,
                                                          bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype="float16"))

@@ -7,8 +7,8 @@ from importlib.util import find_spec
 
 import pytest
 
-from paths import SHARED_DIR
 from tests.conftest import REPO
+from utils.paths import SHARED_DIR
 
 
 def _play(*flags, stdin=None, env=None):

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-import checkpoints
-from paths import SHARED_DIR, smollm2_gguf
 from tests.conftest import REPO, copy_repository
 from tests.in_process import environment, project_from, run_in_process
 from tests.openai_server import OpenAIServer
+from utils import checkpoints
+from utils.paths import SHARED_DIR, smollm2_gguf
 
 TINY = ["--model_name=tiny-gpt2"]
 OVERRIDES = {

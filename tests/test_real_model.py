@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import metrics
-import models
-import paths
 from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
+from utils import metrics, models, paths
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoints
-import metrics
-import models
 import rl_finetune
+from utils import checkpoints, metrics, models
 
 FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=True, per_device_eval_batch_size=4,
             per_device_train_batch_size=8, learning_rate=1e-3, replay_batch_size=2)

@@ -6,10 +6,10 @@ Fixed seeds throughout; the assertion is a margin on held-out episodes, not a ti
 import numpy as np
 import pytest
 
-import models
 import rl_finetune
 from envs import make_env
 from rollout import EpisodeStart, TwoPlayerRollout
+from utils import models
 
 HELD_OUT = [10**6 + i for i in range(64)]
 

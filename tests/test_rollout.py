@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import models
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt, reflection_prompt
 from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
+from utils import models
 
 
 @pytest.fixture(scope="module")

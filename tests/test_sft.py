@@ -5,11 +5,9 @@ import json
 import pytest
 import torch
 
-import checkpoints
-import metrics
-import models
 import supervised_pretrain as sft
 from prompts import ACTION_MARKER, ANALYZE_MARKER, policy_sft_text, reflection_sft_text
+from utils import checkpoints, metrics, models
 
 HEAD = "The actions you can take now is:"
 OBS = f"--- Current State ---\n+---+\n|T P|\n+---+\n{HEAD}\n0. Move south\n1. Move north\n2. Move east\n"

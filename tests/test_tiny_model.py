@@ -5,8 +5,8 @@ import filecmp
 import pytest
 import torch
 
-import tiny_gpt2
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_alphabet, label_token_ids
+from utils import tiny_gpt2
 
 
 def test_build_is_deterministic(tmp_path, tiny_path):

@@ -24,10 +24,12 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-import checkpoints  # noqa: E402
-import metrics  # noqa: E402
-from errors import UsageError  # noqa: E402
 from experiment_args import run_script  # noqa: E402
+from utils import (
+    checkpoints,  # noqa: E402
+    metrics,  # noqa: E402
+)
+from utils.errors import UsageError  # noqa: E402
 
 # (metric, label, smoothed): training-episode figures are noisy and smoothed; the held-out
 # panel (rl_finetune --eval_steps) is played on fixed episodes and shown as measured.

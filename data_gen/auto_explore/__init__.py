@@ -21,7 +21,7 @@ from pathlib import Path
 
 from envs.auto_explore_tasks import DEFAULT_REPOS_DIR, task_targets
 from envs.sandbox import is_safe_name
-from paths import DATA_DIR
+from utils.paths import DATA_DIR
 
 DATA_ROOT = DATA_DIR / "auto_explore"
 RAW_REPOS_DIR = DATA_ROOT / "repos"

@@ -17,10 +17,11 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, TASKS_DIR, filtered_repos_dir
-from data_gen.common import print_counts, write_json
+from data_gen.common import print_counts
 from envs.auto_explore_tasks import load_tasks, optimal_path, target_depth, task_targets
 from envs.sandbox import SandboxError, file_kind, resolve
 from experiment_args import parse_args
+from utils.io import write_json
 
 logger = logging.getLogger(__name__)
 

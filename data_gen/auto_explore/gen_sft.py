@@ -20,13 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
-from data_gen.common import item_rng, print_counts, write_jsonl
+from data_gen.common import item_rng, print_counts
 from data_gen.sft import sft_labels, sft_texts
 from envs.auto_explore import AutoExploreEnv
 from envs.auto_explore_tasks import load_tasks
 from envs.base import rng_seed
 from experiment_args import run_script
 from prompts import write_label_file
+from utils.io import write_jsonl
 
 logger = logging.getLogger(__name__)
 

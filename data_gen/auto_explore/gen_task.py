@@ -34,12 +34,13 @@ from pathlib import Path
 import yaml
 
 from data_gen.auto_explore import TASKS_DIR, filtered_repos_dir, list_repos
-from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts, write_json
+from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts
 from envs.auto_explore_tasks import optimal_path, target_depth
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
 from experiment_args import parse_args
-from llm import concurrency, make_client, model_name, stops_on_llm_error
-from paths import file_digest
+from utils.io import write_json
+from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
+from utils.paths import file_digest
 
 logger = logging.getLogger(__name__)
 

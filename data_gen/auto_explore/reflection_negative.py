@@ -36,13 +36,14 @@ from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
-from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts, write_json
+from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts
 from envs import EnvPool
 from envs.auto_explore import AutoExploreEnv
 from envs.auto_explore_tasks import load_tasks, optimal_path, task_targets
 from envs.base import rng_seed
 from experiment_args import parse_args
-from llm import concurrency, make_client, model_name, stops_on_llm_error
+from utils.io import write_json
+from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR
-from data_gen.common import item_rng, print_counts, write_json
+from data_gen.common import item_rng, print_counts
 from envs.auto_explore_tasks import load_tasks
 from experiment_args import parse_args
+from utils.io import write_json
 
 SPLITS = {"train": 0.7, "validate": 0.2, "test": 0.1}
 

@@ -18,11 +18,12 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from data_gen.common import item_rng, print_counts, write_json
+from data_gen.common import item_rng, print_counts
 from data_gen.taxi.reflection import OUT_DIR, data_curriculum, data_env
 from envs.base import TextEnv, rng_seed
 from envs.taxi import DangerousTaxiEnv
 from experiment_args import require_env, run_script
+from utils.io import write_json
 
 STEP = "taxi.brute_force"
 

@@ -22,15 +22,15 @@ from data_gen.common import (
     random_prob,
     reflect_with_api,
     usable_records,
-    write_json,
 )
 from data_gen.common import journal_name as common_journal_name
 from envs import make_env
 from envs.base import rng_seed
 from envs.taxi import DangerousTaxiEnv, curriculum_at
 from experiment_args import parse_args, require_env
-from llm import concurrency, make_client, model_name, stops_on_llm_error
-from paths import DATA_DIR
+from utils.io import write_json
+from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
+from utils.paths import DATA_DIR
 
 DEFAULT_RANDOM_PROB = 0.9
 OUT_DIR = DATA_DIR / "taxi"

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from paths import RESULTS_DIR
+from utils.paths import RESULTS_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ class LoggingArguments(_Group):
     save_total_limit: int | None = _arg(
         None, "Keep only the newest N checkpoints of an SFT or RL run (default: all; the paper: 10).")
     preset: Literal["paper"] | None = _arg(
-        None, "paper: every setting that parity.py lists takes the paper's value (explicit flags and --config "
+        None, "paper: every setting that utils/parity.py lists takes the paper's value (explicit flags and --config "
         "still win); setting.yml records the resolved values.")
     logging_steps: int = _arg(10, "SFT: log the loss every this many steps.")
     expdirs: list[str] | None = _arg(

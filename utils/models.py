@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from errors import UsageError
 from prompts import LABELS, check_label_file, label_alphabet, label_token_ids
+from utils.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def resolve_model_path(model_name: str) -> str:
     a ``.gguf`` file is dequantised (once) into a float model folder in the cache.
     """
     if model_name == TINY_MODEL:
-        import tiny_gpt2
+        from utils import tiny_gpt2
 
         return str(tiny_gpt2.tiny_gpt2_path())
     if model_name.endswith(".gguf"):
@@ -65,7 +65,7 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
     (needs the ``gguf`` package) and kept in the cache under the file's content hash."""
     import transformers
 
-    from tiny_gpt2 import cache_root
+    from utils.tiny_gpt2 import cache_root
 
     source = Path(gguf_file).expanduser().resolve()
     if not source.is_file():
@@ -104,7 +104,7 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
 @functools.lru_cache(maxsize=8)
 def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
     """:func:`paths.file_digest`, once per process while the file is unchanged."""
-    from paths import file_digest
+    from utils.paths import file_digest
 
     return file_digest(path)
 

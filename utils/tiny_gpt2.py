@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_token_ids
+from utils.paths import REPO_ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def _fingerprint() -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("REFLECTRL_CACHE", Path(__file__).resolve().parent / ".cache"))
+    return Path(os.environ.get("REFLECTRL_CACHE", REPO_ROOT / ".cache"))
 
 
 def tiny_gpt2_path() -> Path:

@@ -18,9 +18,10 @@ import torch
 import yaml
 from torch import nn
 
-from models import full_head
 from prompts import label_alphabet, write_label_file
-from seeding import rng_state, set_rng_state
+from utils.io import write_text_atomic
+from utils.models import full_head
+from utils.seeding import rng_state, set_rng_state
 
 SETTINGS_FILE = "setting.yml"
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -70,7 +71,7 @@ def save_settings(directory: Path, args) -> None:
     """Write ``setting.yml``: the run's arguments, usable again as ``--config``."""
     header = "# " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) + "\n"
     settings = {k: v for k, v in args.to_dict().items() if k != "config"}
-    _write_atomic(Path(directory) / SETTINGS_FILE, header + yaml.safe_dump(settings, sort_keys=False))
+    write_text_atomic(Path(directory) / SETTINGS_FILE, header + yaml.safe_dump(settings, sort_keys=False))
 
 
 def load_settings(directory: str | Path) -> dict:
@@ -78,12 +79,6 @@ def load_settings(directory: str | Path) -> dict:
     if not path.is_file():
         raise ValueError(f"{directory!r} has no {SETTINGS_FILE}")
     return yaml.safe_load(path.read_text(encoding="utf-8"))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --- checkpoints -------------------------------------------------------------------------------

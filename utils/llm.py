@@ -36,6 +36,8 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion
 
+from utils.io import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_KEY", "local": "LOCAL_API_KEY"}
@@ -280,10 +282,7 @@ class ChatClient:
                 self._memory[key] = text
         if self.cache_dir is None:
             return
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_dir / f".{key}.tmp{os.getpid()}-{threading.get_ident()}"
-        tmp.write_text(json.dumps({"model": self.model, "text": text}), encoding="utf-8")
-        os.replace(tmp, self.cache_dir / f"{key}.json")
+        write_text_atomic(self.cache_dir / f"{key}.json", json.dumps({"model": self.model, "text": text}))
 
 
 def _reason(error: openai.APIStatusError) -> str:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "data"
 RESULTS_DIR = REPO_ROOT / "results"  # run directories <id>_<script>/ (the default --ckpt_path)  # generated data (git-ignored); schemas in data/README.md
 # Resolved like REPO_ROOT: a shared/ that is a symbolic link names its games by their real paths.
