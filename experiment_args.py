@@ -4,14 +4,14 @@ Every entry point (``supervised_pretrain.py``, ``rl_finetune.py``, the evaluatio
 scripts and the data-generation steps) parses :class:`ScriptArguments` with
 :func:`parse_args`, so a flag means the same thing everywhere and a run's
 ``setting.yml`` can be replayed by any script. ``ScriptArguments`` is composed of one
-dataclass per purpose, defined in ``utils/arg_groups.py`` (model, optimisation, environment, RL,
+dataclass per purpose, defined in ``utils/arg_groups.py`` and ``utils/arg_groups_io.py`` (model, optimisation, environment, RL,
 curriculum, data, LLM backend, evaluation, logging); each validates its own fields in ``__post_init__``, and
 ``ScriptArguments`` the combinations across groups. Nothing changes a setting after
 parsing.
 
 Flags keep the names of the paper's README (``--load_dir``, ``--reflect_load_dir``,
 ``--shrink_head``, ``--depth_curriculum`` ...). Values come from, in increasing
-precedence: the defaults in ``utils/arg_groups.py``, the saved settings of ``--resume_from``, ``--config
+precedence: the defaults of the groups, the saved settings of ``--resume_from``, ``--config
 FILE.yaml``, explicit command-line flags.
 """
 
@@ -28,17 +28,14 @@ from transformers import HfArgumentParser
 
 from utils.arg_groups import (
     CurriculumArguments,
-    DataArguments,
     EnvArguments,
-    EvalArguments,
-    LLMArguments,
-    LoggingArguments,
     ModelArguments,
     OptimArguments,
     RLArguments,
     flag_owners,
     need,
 )
+from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
 from utils.checkpoints import SETTINGS_FILE
 from utils.errors import UsageError
 from utils.parity import PRESETS

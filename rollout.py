@@ -36,24 +36,6 @@ from utils import models
 logger = logging.getLogger(__name__)
 
 
-class _UnpaddedGenerateWarning(logging.Filter):
-    """Drop transformers' "strongly recommend passing in an `attention_mask`" line for our ``generate``.
-
-    We always pass the mask. When a batch needs no padding, ``generate`` drops the all-ones mask
-    itself, and once a row has finished it is filled with the pad (= eos) token, which makes
-    GPT-2 warn although nothing attends to padding.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "passing in an `attention_mask`" not in record.getMessage()
-
-
-def _silence_unpadded_generate_warning() -> None:
-    """Install the filter once (by the first rollout, not at import)."""
-    hf_logger = logging.getLogger("transformers.modeling_utils")
-    if not any(isinstance(f, _UnpaddedGenerateWarning) for f in hf_logger.filters):
-        hf_logger.addFilter(_UnpaddedGenerateWarning())
-
 @dataclass
 class Decision:
     """One policy step: what it saw, what it could pick, what it picked."""
@@ -220,7 +202,7 @@ class TwoPlayerRollout:
         self.max_new_tokens = reflect_max_new_tokens
         self.greedy = greedy
         self.stats = RolloutStats()
-        _silence_unpadded_generate_warning()
+        models.silence_unpadded_generate_warning()
         self.one_line = reflect_one_line
         # False: every label of the alphabet may be chosen (the paper's code)
         self.mask_invalid = mask_invalid

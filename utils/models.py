@@ -346,3 +346,21 @@ def full_head(model: nn.Module):
     finally:
         base.set_output_embeddings(shrunk)
 
+
+class _UnpaddedGenerateWarning(logging.Filter):
+    """Drop transformers' "strongly recommend passing in an `attention_mask`" line for our ``generate``.
+
+    We always pass the mask. When a batch needs no padding, ``generate`` drops the all-ones mask
+    itself, and once a row has finished it is filled with the pad (= eos) token, which makes
+    GPT-2 warn although nothing attends to padding.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "passing in an `attention_mask`" not in record.getMessage()
+
+
+def silence_unpadded_generate_warning() -> None:
+    """Install the filter once (by the first rollout, not at import)."""
+    hf_logger = logging.getLogger("transformers.modeling_utils")
+    if not any(isinstance(f, _UnpaddedGenerateWarning) for f in hf_logger.filters):
+        hf_logger.addFilter(_UnpaddedGenerateWarning())

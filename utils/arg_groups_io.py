@@ -1,0 +1,128 @@
+"""The flags' groups of data generation, the LLM backend, evaluation and logging (the others, and
+the helpers every group uses, are in ``utils/arg_groups.py``); ``experiment_args.ScriptArguments``
+composes them all."""
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from utils.arg_groups import _arg, _at_least, _Group, _positive, _probability, need
+from utils.paths import RESULTS_DIR
+
+
+@dataclass
+class DataArguments(_Group):
+    """Inputs and outputs of SFT and of the data-generation steps."""
+
+    TITLE: ClassVar[str] = "data and data generation"
+
+    task_file: str | None = _arg(
+        None, "SFT: a .jsonl of {'text'} records. AutoExplore RL/eval: a tasks .json file.")
+    output_dir: str | None = _arg(None, "Data generation: output folder (default: the step's data/<env>/ path).")
+    num_episodes: int = _arg(200, "Data generation: episodes (Taxi, ALFWorld) to roll out.")
+    sft_label: Literal["taken", "oracle"] = _arg(
+        "taken", "Taxi/ALFWorld gen_sft: label each state with the action taken in the 'oracle + random' "
+        "rollout (the paper) or with the oracle's best action.")
+    alfworld_spoiler: bool = _arg(
+        True, "ALFWorld reflection with an API writer: tell it the expert's next command as a spoiler it must not "
+        "quote (--no_alfworld_spoiler: no spoiler, as the paper's ALFWorld writer; its Taxi writer had one).")
+    negatives_at: Literal["path", "target_folder"] = _arg(
+        "path", "AutoExplore reflection_negative: read a wrong file in up to 2 folders on the way to the target, "
+        "one each (path), or read 2 wrong files in the target's own folder (target_folder, the paper's code).")
+    sft_positives: Literal["correct", "all"] = _arg(
+        "correct", "AutoExplore gen_sft: learn from the writer's positive trajectories that identify a target "
+        "(correct), or from all of them, a wrong or no identification included (all, the paper's code).")
+    random_prob: float | None = _arg(
+        None, "Data generation: probability of a random action instead of the oracle's "
+        "(default: 0.9 for Taxi, 0.7 for ALFWorld, as in the paper).")
+    repo_dir: str | None = _arg(
+        None, "A repository folder: the repo envs.play explores; AutoExplore data: the folder of repos a step "
+        "reads (filter_repo: the raw repos; later steps: the filtered ones, default "
+        "data/auto_explore/repos_filtered).")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "num_episodes")
+        _probability(self, "random_prob")
+        super().__post_init__()
+
+
+@dataclass
+class LLMArguments(_Group):
+    """The LLM behind data generation and the API-model evaluations."""
+
+    TITLE: ClassVar[str] = "LLM backend"
+
+    api: Literal["openai", "azure", "local", "oracle"] = _arg(
+        "openai", "LLM backend for data generation and GPT evaluation.")
+    model: str = _arg("gpt-4", "Model (or Azure deployment) name of the LLM backend.")
+    base_url: str | None = _arg(
+        None, "Address of the OpenAI-compatible server: --api=local (default http://localhost:1234/v1), "
+        "--api=openai (a proxy; default OpenAI's), --api=azure (default $AZURE_BASE_URL).")
+    llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).")
+    llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.")
+    llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.")
+    llm_max_tokens: int | None = _arg(
+        None, "A ceiling on the length of every LLM answer, in tokens (each step has its own: reflections 120, "
+        "tasks 600, AutoExplore steps 200, evaluated actions 64); for cheaper runs and slow local servers.")
+    max_concurrency: int = _arg(8, "LLM requests in flight at once (independent episodes, tasks or files run "
+                                   "side by side; the records written do not depend on it).")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 0, "llm_max_retries")
+        _at_least(self, 1, "max_concurrency", "llm_max_tokens")
+        _positive(self, "llm_timeout")
+        need(not self.base_url or self.base_url.startswith(("http://", "https://")), "base_url",
+              f"must start with http:// or https://, got {self.base_url!r}")
+        super().__post_init__()
+
+
+@dataclass
+class EvalArguments(_Group):
+    """Evaluation and envs.play."""
+
+    TITLE: ClassVar[str] = "evaluation"
+
+    eval_reps: int = _arg(10, "Times each test task is run in evaluation.")
+    eval_steps: int = _arg(
+        0, "RL: play a fixed held-out panel every this many iterations and log heldout_success (0: off).")
+    eval_panel: int = _arg(20, "RL: held-out panel episodes per level, task or problem (see --eval_steps).")
+    policy: Literal["oracle", "random", "human"] = _arg(
+        "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).")
+    runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
+    eval_load_list: str | None = _arg(
+        None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.")
+    gpt_protocol: Literal["two_turn", "one_turn", "react"] = _arg(
+        "two_turn", "API-model evaluation: at each step the model first reflects, then acts, in one conversation "
+        "holding the episode so far (two_turn, the paper's protocol); answers with a thought and an action in "
+        "one conversation (react, the paper's ReAct baseline); or answers each observation alone with an "
+        "action (one_turn).")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "eval_reps", "runs", "eval_panel")
+        _at_least(self, 0, "eval_steps")
+        super().__post_init__()
+
+
+@dataclass
+class LoggingArguments(_Group):
+    """Where runs are written, and how often."""
+
+    TITLE: ClassVar[str] = "logging and checkpoints"
+
+    ckpt_path: str = _arg(
+        str(RESULTS_DIR), "Folder holding the run directories <id>_<script>/.")
+    save_steps: int = _arg(100, "Checkpoint every this many SFT steps or RL iterations.")
+    save_total_limit: int | None = _arg(
+        None, "Keep only the newest N checkpoints of an SFT or RL run (default: all; the paper: 10).")
+    preset: Literal["paper"] | None = _arg(
+        None, "paper: every setting that utils/parity.py lists takes the paper's value (explicit flags and --config "
+        "still win); setting.yml records the resolved values.")
+    logging_steps: int = _arg(10, "SFT: log the loss every this many steps.")
+    expdirs: list[str] | None = _arg(
+        None, "visualization.plot: run directories to plot (NAME=DIR sets the legend label).")
+    output_file: str | None = _arg(None, "Where a script writes its single output file (plot PNG ...).")
+    config: str | None = _arg(
+        None, "YAML file of flag values; explicit command-line flags override it.")
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1, "save_steps", "logging_steps", "save_total_limit")
+        super().__post_init__()
