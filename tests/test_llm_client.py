@@ -230,3 +230,15 @@ def test_api_openai_reads_openai_base_url_from_the_environment(monkeypatch):
         monkeypatch.setenv("OPENAI_BASE_URL", server.url)
         client = ChatClient("openai", "gpt-4")
         assert client.endpoint == server.url and client.complete(MESSAGES) == "from the env's address"
+
+
+def test_the_client_uses_the_http_library_of_the_installed_openai():
+    """openai 1.x/2.x speak httpx, 3.x httpx2: the limits and the refused-connection check must be the
+    library's the openai client is built on (and only that one is sure to be installed)."""
+    import openai
+
+    from utils import llm
+
+    client = openai.DefaultHttpxClient(limits=llm.http.Limits(max_connections=2))
+    assert isinstance(client, llm.http.Client)
+    client.close()

@@ -96,3 +96,33 @@ def test_make_installs_only_from_the_lock_and_checks_it():
     assert installs and all("--no-deps --require-hashes -r lock/" in line for line in installs), installs
     assert "lock/check.py lock/test.txt" in dry and "lock/check.py lock/demo.txt" in dry
     assert dry.index("lock/check.py lock/test.txt") < dry.index("-m pytest")
+
+
+def test_what_the_project_imports_is_declared_and_in_the_demo_lock():
+    """Every library a project module imports when loaded (tests and benchmarks aside) is a declared
+    dependency and pinned in lock/demo.txt, so that ``make demo``'s venv runs it: a library that only
+    happens to be there (httpx once came along with alfworld's requirements, not openai's) fails here."""
+    import ast
+    from importlib import metadata
+
+    local = {p.stem for p in REPO.glob("*.py")} | {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()}
+    imported: dict[str, str] = {}
+    for path in sorted(REPO.rglob("*.py")):
+        relative = path.relative_to(REPO)
+        if relative.parts[0] in (".venv", "tests", "benchmarks", "lock", "build"):
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level: what importing the module needs
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top not in local and top not in sys.stdlib_module_names:
+                    imported.setdefault(top, str(relative))
+    distributions = metadata.packages_distributions()
+    declared = {check.canonical(r.name) for r in _requirements()}
+    demo = set(check.read_pins(LOCK / "demo.txt")) | {"torch"}
+    assert {"torch", "transformers", "openai"} <= imported.keys()
+    for top, where in imported.items():
+        names = {check.canonical(d) for d in distributions.get(top, [])}
+        assert names & declared, f"{where} imports {top}, which pyproject.toml does not declare"
+        assert names & demo, f"{where} imports {top}, which lock/demo.txt does not pin"

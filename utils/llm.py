@@ -20,6 +20,7 @@ and tokens.
 
 import functools
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -32,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 from openai.types.chat import ChatCompletion
 
@@ -51,9 +51,12 @@ KEY_HINT = {
     "azure": f"check ${KEY_ENV['azure']} and ${AZURE_URL_ENV}",
     "local": f"if the server wants a key, set ${KEY_ENV['local']}",
 }
-# httpx (httpx2 in openai 3.x) logs every request at INFO, which would break the progress bars.
-for _name in ("httpx", "httpx2"):
-    logging.getLogger(_name).setLevel(logging.WARNING)
+# The HTTP library of the installed openai client: httpx up to openai 2.x, httpx2 from 3.x. Its
+# limits and errors must be that library's own, and only it is sure to be installed.
+http = importlib.import_module(next(c.__module__ for c in openai.DefaultHttpxClient.__mro__
+                                    if c.__module__.startswith("httpx")).split(".")[0])
+# It logs every request at INFO, which would break the progress bars.
+logging.getLogger(http.__name__).setLevel(logging.WARNING)
 
 
 class LLMError(RuntimeError):
@@ -124,7 +127,7 @@ class ChatClient:
         self._failure: LLMError | None = None  # the hard error that stopped this client
         http_client = openai.DefaultHttpxClient(
             event_hooks={"response": [self._count_retry]},
-            limits=httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4))
+            limits=http.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4))
         common = {"max_retries": max_retries, "timeout": timeout, "http_client": http_client}
         if api == "openai":
             key = _require_env(KEY_ENV["openai"], api)
@@ -326,7 +329,7 @@ def _root_cause(error: BaseException) -> str:
 
 def _refused(error: openai.APIConnectionError) -> bool:
     """True when the connection itself was refused (or the host is unknown), not merely slow."""
-    return any(isinstance(cause, ConnectionRefusedError | httpx.ConnectError) for cause in _causes(error))
+    return any(isinstance(cause, ConnectionRefusedError | http.ConnectError) for cause in _causes(error))
 
 
 def _require_env(name: str, api: str) -> str:
