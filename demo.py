@@ -18,16 +18,15 @@ Per training seed:
    reflector's accuracy per step against the oracle;
 5. a results table shaped like the paper's, and a plot of the RL curves.
 
-Independent stages run side by side in ``--workers`` processes (2), each stage's output in
-``seed-N/logs/``. A seed that finished with the same settings is read back from its
-``finished.json`` instead of run again, so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds.
+Independent stages run side by side in ``--workers`` processes (2), each stage's output in ``seed-N/logs/``.
+A seed that finished with the same settings is read back from its ``finished.json`` instead of run again,
+so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds.
 
-Everything lands in ``results/demo/`` (``--ckpt_path DIR`` moves it to ``DIR/demo/``):
-``seed-N/`` per seed, and ``results.md`` over the seeds. The model is the offline
-``tiny-gpt2``: random weights, trained in full here (``--no_use_peft``) because LoRA
-adapters over random weights learn too slowly for a CPU budget; on a real model the same
-commands use LoRA (see the README). Every setting that departs from the paper's is a
-constant below, with its reason.
+Everything lands in ``results/demo/`` (``--ckpt_path DIR``: ``DIR/demo/``): ``seed-N/`` per seed,
+and ``results.md`` over the seeds. The model is the offline ``tiny-gpt2``: random weights, trained in
+full here (``--no_use_peft``) because LoRA adapters over random weights learn too slowly for a CPU
+budget; on a real model the same commands use LoRA (see the README). Every setting that departs from
+the paper's is a constant below, with its reason.
 """
 
 import argparse
@@ -89,13 +88,10 @@ SEED = 0
 # Pickup takes at most 9 moves. With the default horizon of 20, running out of time costs
 # 1.0 and crashing only 0.5, so RL learns to crash early; at 10 both cost 0.5.
 HORIZON = 10
-# Independent stages (the three SFTs, the three RL runs) run in this many processes at once,
-# each with its share of the CPU threads.
-WORKERS = 2
-
+WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
 LEVEL = 0  # pickup
-# The first pickup's reward of the runs behind the README's table: +20 on top of the move's -1 (0.95).
-# The paper's environment (and the default now) replaces it (1.0); see README, "Parity with the paper's code".
+# The first pickup's reward of the README table's runs: +20 on top of the move's -1 (0.95); the paper's
+# environment (the default now) pays 1.0 instead (README, "Parity with the paper's code").
 PICKUP_REWARD = "add"
 TASK = ["--env=taxi", "--taxi_curriculum", f"--curriculum_index={LEVEL}", f"--horizon={HORIZON}",
         f"--pickup_reward={PICKUP_REWARD}"]
