@@ -121,3 +121,24 @@ def real_llm_server(tmp_path_factory):
         pytest.skip(reason)
     with TransformersServer(serve_folder(), log_dir=tmp_path_factory.mktemp("transformers-serve")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def chain(tmp_path_factory):
+    """The whole AutoExplore oracle pipeline run once on the fixture repositories (tests/auto_explore_repos.py)."""
+    from types import SimpleNamespace
+
+    from data_gen.auto_explore import filter_repo, filter_task, gen_sft, gen_task, reflection_negative, split_data
+    from tests.auto_explore_repos import build_repos, make
+
+    base = tmp_path_factory.mktemp("auto_explore")
+    raw = build_repos(base / "repos")
+    paths = SimpleNamespace(base=base, raw=raw, repos=base / "repos_filtered", tasks=base / "tasks",
+                            filtered=base / "tasks_filtered")
+    assert filter_repo.main(make(repo_dir=raw, output_dir=paths.repos)) == 0
+    assert gen_task.main(make(repo_dir=paths.repos, output_dir=paths.tasks)) == 0
+    assert filter_task.main(make(task_file=paths.tasks, repo_dir=paths.repos, output_dir=paths.filtered)) == 0
+    assert reflection_negative.main(make(task_file=paths.filtered / "data.json", repo_dir=paths.repos)) == 0
+    assert split_data.main(make(task_file=paths.filtered / "data_reflection_negative.json")) == 0
+    assert gen_sft.main(make(task_file=paths.filtered / "train.json", repo_dir=paths.repos, shuffle_action=True)) == 0
+    return paths
