@@ -255,5 +255,14 @@ def _held_out(args, env) -> list[tuple[dict, str]]:
     return [({"problem": str(problem)}, Path(problem).parent.name) for problem in env.problems]
 
 
+# The system message of an API model playing it (evaluation.gpt_agent).
+API_INSTRUCTIONS = (
+    "You are a household robot in a text world. Read the task after 'Your task is to:' and complete it "
+    "with the listed commands: go to places, open and close receptacles, take objects from where they "
+    "are and move them to where they belong. Search likely places for the object you need."
+)
+
+
 SPEC = EnvSpec(name="alfworld", make=ALFWorldEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
-               data_steps=("data_gen.alfworld.reflection", "data_gen.alfworld.gen_sft"))
+               data_steps=("data_gen.alfworld.reflection", "data_gen.alfworld.gen_sft"),
+               exclusive_flags=("few_data",), api_instructions=API_INSTRUCTIONS)

@@ -376,6 +376,15 @@ def _play_options(args, rng) -> dict:
     return {"task": repo_task(Path(args.repo_dir) if args.repo_dir else DEFAULT_PLAY_REPO, rng)}
 
 
+# The system message of an API model playing it (evaluation.gpt_agent).
+API_INSTRUCTIONS = (
+    "You explore a software repository to find the one file that answers a user's question. 'cd DIR' "
+    "enters a folder, 'cd ..' goes to the parent folder, 'cat FILE' shows a file, 'id FILE' identifies "
+    "FILE as the answer and ends the search (a wrong file fails). Every command costs a step: move "
+    "towards the answer directly, read a file before identifying it."
+)
+
+
 SPEC = EnvSpec(
     name="auto_explore", make=AutoExploreEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
     play_options=_play_options,
@@ -383,5 +392,6 @@ SPEC = EnvSpec(
                 "data_gen.auto_explore.gen_task", "data_gen.auto_explore.filter_task",
                 "data_gen.auto_explore.reflection_negative", "data_gen.auto_explore.split_data",
                 "data_gen.auto_explore.gen_sft"),
-    own_flags=("easy",), exclusive_flags=("depth_curriculum", "first_step"),
+    own_flags=("easy",), exclusive_flags=("depth_curriculum", "first_step", "few_data"),
+    api_instructions=API_INSTRUCTIONS, api_evaluator="evaluation.auto_explore_gpt",
 )

@@ -37,6 +37,8 @@ class EnvSpec:
     * ``data_steps``: the modules of its data pipeline, in order.
     * ``own_flags``: flags that mean something for this environment alone (set for another, they
       are reported); ``exclusive_flags``: the same, but an error for another environment.
+    * ``api_instructions``: the system message of an API model playing it (``evaluation.gpt_agent``);
+      ``api_evaluator``: the module that evaluates an API model on it.
     """
 
     name: str
@@ -48,6 +50,8 @@ class EnvSpec:
     data_steps: tuple[str, ...] = ()
     own_flags: tuple[str, ...] = ()
     exclusive_flags: tuple[str, ...] = ()
+    api_instructions: str | None = None
+    api_evaluator: str = "evaluation.evaluate_gpt"
 
     def kwargs(self, args, *, evaluation: bool = False, run_dir: Path | None = None, split: str | None = None,
                labels=None) -> dict:

@@ -265,9 +265,22 @@ def _held_out(args, env) -> list[tuple[dict, str]]:
     return [({"curriculum": level}, level) for level in levels]
 
 
+# The system message of an API model playing it (evaluation.gpt_agent).
+API_INSTRUCTIONS = (
+    "You drive a taxi in a 5x5 grid city shown as an ASCII map: '|' is a wall, ':' open road. "
+    "The depots are R (top left), G (top right), Y (bottom left) and B (bottom). On the map T is the "
+    "taxi, P the waiting passenger, D the destination, O the taxi standing on the passenger's cell, "
+    "X the taxi carrying the passenger. Rows count from 0 at the top, columns from 0 at the left. "
+    "South increases the row, east increases the column. Drive to the passenger, pick them up, drive "
+    "to the destination and drop them off, in as few moves as possible. Driving into a wall, picking "
+    "up where there is no passenger or dropping off where you may not ends the game with a penalty."
+)
+
+
 SPEC = EnvSpec(
     name="taxi", make=DangerousTaxiEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
     play_options=lambda args, rng: {"curriculum": curriculum_at(args.curriculum_index)},
     data_steps=("data_gen.taxi.reflection", "data_gen.taxi.brute_force", "data_gen.taxi.gen_sft"),
     own_flags=("with_prompt", "with_history"), exclusive_flags=("taxi_curriculum", "first_step"),
+    api_instructions=API_INSTRUCTIONS,
 )

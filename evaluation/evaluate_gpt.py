@@ -12,13 +12,15 @@ of unusable answers in ``results/<id>_evaluate_gpt/``.
 
 import sys
 
+from envs import env_spec
 from evaluation.gpt_common import run_gpt_evaluation
 from experiment_args import parse_args
 
 
 def main(args) -> int:
-    if args.env not in ("taxi", "alfworld"):
-        raise ValueError(f"--scenario (--env): evaluate_gpt plays taxi or alfworld, got {args.env!r}")
+    evaluator = env_spec(args.env).api_evaluator
+    if evaluator != "evaluation.evaluate_gpt":
+        raise ValueError(f"--scenario (--env): an API model on {args.env} is evaluated by python -m {evaluator}")
     return run_gpt_evaluation(args, "evaluate_gpt", reps=args.runs)
 
 

@@ -15,34 +15,13 @@ At temperature 0 the same prompt is not sent twice (the client remembers the ans
 import logging
 import re
 
+from envs import env_spec
 from envs.base import TextEnv
 from rollout import Decision, Episode, EpisodeStart
 from utils.llm import ChatClient
 
 logger = logging.getLogger(__name__)
 
-INSTRUCTIONS = {
-    "taxi": (
-        "You drive a taxi in a 5x5 grid city shown as an ASCII map: '|' is a wall, ':' open road. "
-        "The depots are R (top left), G (top right), Y (bottom left) and B (bottom). On the map T is the "
-        "taxi, P the waiting passenger, D the destination, O the taxi standing on the passenger's cell, "
-        "X the taxi carrying the passenger. Rows count from 0 at the top, columns from 0 at the left. "
-        "South increases the row, east increases the column. Drive to the passenger, pick them up, drive "
-        "to the destination and drop them off, in as few moves as possible. Driving into a wall, picking "
-        "up where there is no passenger or dropping off where you may not ends the game with a penalty."
-    ),
-    "alfworld": (
-        "You are a household robot in a text world. Read the task after 'Your task is to:' and complete it "
-        "with the listed commands: go to places, open and close receptacles, take objects from where they "
-        "are and move them to where they belong. Search likely places for the object you need."
-    ),
-    "auto_explore": (
-        "You explore a software repository to find the one file that answers a user's question. 'cd DIR' "
-        "enters a folder, 'cd ..' goes to the parent folder, 'cat FILE' shows a file, 'id FILE' identifies "
-        "FILE as the answer and ends the search (a wrong file fails). Every command costs a step: move "
-        "towards the answer directly, read a file before identifying it."
-    ),
-}
 ANSWER_RULE = ("Reply with the label of exactly one action from the list (the text before the '.' of its "
                "line), for example: Action: 3")
 REFLECT_RULE = ("Before you act, reflect in at most two sentences: what has happened so far and what you should "
@@ -54,6 +33,14 @@ PROTOCOLS = ("two_turn", "one_turn", "react")
 _EXPLICIT = re.compile(r"\b(?:action|choice|answer|option|label|command)\s*(?:is|:|#|=)?\s*\(?([0-9]{1,3}|[A-Za-z])\)?"
                        r"(?![A-Za-z0-9])", re.IGNORECASE)
 _TOKEN = re.compile(r"(?<![A-Za-z0-9])\(?([0-9]{1,3}|[A-Za-z])\)?(?=[.):,]?(?:\s|$))")
+
+
+def api_instructions(env_name: str) -> str:
+    """The system message of an API model playing ``env_name`` (its EnvSpec's ``api_instructions``)."""
+    text = env_spec(env_name).api_instructions
+    if not text:
+        raise ValueError(f"--env {env_name}: its EnvSpec gives no api_instructions, which an API model needs")
+    return text
 
 
 def parse_choice(answer: str, labels: list[str], actions: list[str]) -> str | None:
@@ -94,7 +81,7 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
         raise ValueError(f"--gpt_protocol must be one of {PROTOCOLS}, got {protocol!r}")
     obs, info = env.reset(seed=start.seed, options=start.options)
     rewards, unusable, reflections = [], [], []
-    conversation = [{"role": "system", "content": INSTRUCTIONS[env_name]}]
+    conversation = [{"role": "system", "content": api_instructions(env_name)}]
     while True:
         if protocol == "one_turn":
             messages = [*conversation, {"role": "user", "content": f"{obs}\n{ANSWER_RULE}"}]

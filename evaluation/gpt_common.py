@@ -13,7 +13,7 @@ from pathlib import Path
 from data_gen.common import Journal, journal_name
 from envs import EnvPool, env_kwargs, make_env
 from evaluation.evaluate import save_results, summarise, test_episodes
-from evaluation.gpt_agent import INSTRUCTIONS, as_episode, play_episode
+from evaluation.gpt_agent import api_instructions, as_episode, play_episode
 from rollout import EpisodeStart
 from utils import checkpoints
 from utils.io import write_jsonl
@@ -44,7 +44,7 @@ def _evaluate(args, script: str, reps: int) -> int:
             starts = test_episodes(args, env, reps)
         # The journal is the model's (api, name), not the address's: a restarted server resumes it.
         settings = (args.env, sorted(env_kwargs(args, evaluation=True).items()),
-                    [episode_key(start) for start in starts], INSTRUCTIONS[args.env], args.gpt_protocol)
+                    [episode_key(start) for start in starts], api_instructions(args.env), args.gpt_protocol)
         journal = Journal(args.ckpt_path, journal_name(script, f"{args.api}-{args.model}", args.seed, *settings))
 
         def play(start: EpisodeStart) -> dict:

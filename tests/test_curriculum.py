@@ -114,5 +114,5 @@ def test_few_data_trains_on_the_first_tasks_only(make_args, task_file):
     args = make_args(env="auto_explore", task_file=str(task_file), few_data=2, max_steps=4)
     (level,) = curriculum_from_args(args).levels
     assert [o["task"]["filename"] for o in level.options] == ["src/a.py", "b.py"]
-    with pytest.raises(ValueError, match="--few_data: Taxi has no data set"):
+    with pytest.raises(ValueError, match="--few_data: is for --env=alfworld or auto_explore, got --env=taxi"):
         make_args(env="taxi", few_data=2)

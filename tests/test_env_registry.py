@@ -92,8 +92,17 @@ def test_flags_of_one_environment_are_checked_through_the_specs(make_args, toy_r
 def test_every_spec_is_complete():
     for name, spec in envs.ENVS.items():
         assert spec.name == name and issubclass(spec.make, TextEnv)
-        for module in spec.data_steps:
+        for module in (*spec.data_steps, spec.api_evaluator):
             assert (REPO / (module.replace(".", "/") + ".py")).is_file(), module
+        assert spec.api_instructions
+
+
+def test_an_api_model_needs_the_environments_instructions(toy_registered):
+    from evaluation.gpt_agent import api_instructions
+
+    assert api_instructions("taxi") == envs.ENVS["taxi"].api_instructions
+    with pytest.raises(ValueError, match="--env number_line: its EnvSpec gives no api_instructions"):
+        api_instructions("number_line")
 
 
 def test_nothing_outside_envs_branches_on_an_environment_name():

@@ -215,7 +215,7 @@ def test_two_turn_protocol_reflects_then_acts_in_one_conversation(make_args, tmp
 def test_oracle_api_is_refused(make_args):
     with pytest.raises(ValueError, match="--api"):
         evaluate_gpt.main(make_args(env="taxi", api="oracle"))
-    with pytest.raises(ValueError, match="--scenario"):
+    with pytest.raises(ValueError, match="--scenario .*evaluated by python -m evaluation.auto_explore_gpt"):
         evaluate_gpt.main(make_args(env="auto_explore", api="local"))
 
 

@@ -317,8 +317,6 @@ class CurriculumArguments(_Group):
     def __post_init__(self) -> None:
         _at_least(self, 1, "merge_after_first_k")
         _at_least(self, 0, "few_data")
-        need(not self.few_data or getattr(self, "env", None) != "taxi", "few_data",
-             "Taxi has no data set to take a few problems from (its episodes are random starts)")
         _at_least(self, 0, "curriculum_index")
         need(not self.merge_first_two or self.depth_curriculum, "merge_first_two", "needs --depth_curriculum")
         need(self.curriculum_index is None or self.taxi_curriculum or self.depth_curriculum, "curriculum_index",
