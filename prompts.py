@@ -10,6 +10,10 @@ An observation ends with an enumerated action list that starts at the environmen
 * reflection prompt:             ``instruction + before + ANALYZE_MARKER``
 * policy prompt with reflection: ``before + ANALYZE_MARKER + reflection + after + ACTION_MARKER``
 
+That is the ``ours`` text layout. The ``paper`` layout (``--text_layout paper``) arranges them
+as the paper's code does: the analyze marker on the state's last line (``before`` without
+its final newline), and the instruction kept at the top of the policy prompt with reflection.
+
 An SFT text is the prompt followed by its completion (the reflection, or the label).
 
 The choice labels are the paper's (:data:`LABELS`) wherever the model's tokenizer keeps
@@ -32,6 +36,7 @@ from utils.errors import UsageError
 
 ANALYZE_MARKER = " # Analyze:\n"
 ACTION_MARKER = " # Action:\n"
+TEXT_LAYOUTS = ("ours", "paper")  # --text_layout: how prompts (and the environments' texts) are arranged
 
 # The choice labels, in display order: "0".."199", then a..z, then A..Z.
 LABELS: tuple[str, ...] = (
@@ -47,18 +52,29 @@ def split_observation(obs: str, action_head: str) -> tuple[str, str]:
     return obs[:index], obs[index:]
 
 
-def reflection_prompt(obs: str, action_head: str, instruction: str = "") -> str:
+def _analyzed(obs: str, action_head: str, instruction: str, layout: str) -> tuple[str, str]:
+    """(the prompt up to and including the analyze marker, the action list) in ``layout``."""
+    if layout not in TEXT_LAYOUTS:
+        raise ValueError(f"text layout must be one of {TEXT_LAYOUTS}, got {layout!r}")
+    before, after = split_observation(obs, action_head)
+    if layout == "paper" and before.endswith("\n"):
+        before = before[:-1]  # the marker ends the state's last line
+    return instruction + before + ANALYZE_MARKER, after
+
+
+def reflection_prompt(obs: str, action_head: str, instruction: str = "", layout: str = "ours") -> str:
     """What the reflection model reads; the reflection is generated after it."""
-    before, _ = split_observation(obs, action_head)
-    return instruction + before + ANALYZE_MARKER
+    return _analyzed(obs, action_head, instruction, layout)[0]
 
 
-def policy_prompt(obs: str, action_head: str, reflection: str | None = None, one_line: bool = True) -> str:
-    """What the policy reads; its next token is the choice label."""
+def policy_prompt(obs: str, action_head: str, reflection: str | None = None, one_line: bool = True,
+                  instruction: str = "", layout: str = "ours") -> str:
+    """What the policy reads; its next token is the choice label. ``instruction`` (the environment's
+    analyze instruction) stays at the top with a reflection in the ``paper`` layout only."""
     if reflection is None:
         return obs + ACTION_MARKER
-    before, after = split_observation(obs, action_head)
-    return before + ANALYZE_MARKER + clean_reflection(reflection, one_line) + after + ACTION_MARKER
+    head, after = _analyzed(obs, action_head, instruction if layout == "paper" else "", layout)
+    return head + clean_reflection(reflection, one_line) + after + ACTION_MARKER
 
 
 def clean_reflection(text: str, one_line: bool = True) -> str:
@@ -75,12 +91,14 @@ def clean_reflection(text: str, one_line: bool = True) -> str:
     return "".join(line.rstrip() + "\n" for line in text.strip().splitlines() if line.strip()) or "\n"
 
 
-def reflection_sft_text(obs: str, action_head: str, reflection: str, instruction: str = "") -> str:
-    return reflection_prompt(obs, action_head, instruction) + clean_reflection(reflection)
+def reflection_sft_text(obs: str, action_head: str, reflection: str, instruction: str = "",
+                        layout: str = "ours") -> str:
+    return reflection_prompt(obs, action_head, instruction, layout) + clean_reflection(reflection)
 
 
-def policy_sft_text(obs: str, action_head: str, label: str, reflection: str | None = None) -> str:
-    return policy_prompt(obs, action_head, reflection) + label
+def policy_sft_text(obs: str, action_head: str, label: str, reflection: str | None = None, instruction: str = "",
+                    layout: str = "ours") -> str:
+    return policy_prompt(obs, action_head, reflection, instruction=instruction, layout=layout) + label
 
 
 def completion_start(text: str) -> int:
@@ -145,8 +163,8 @@ _ALPHABETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def label_alphabet(tokenizer) -> tuple[str, ...]:
     """The choice labels of ``tokenizer``, as many as :data:`LABELS`, in display order.
 
-    The paper's labels if each is one token after the action marker (GPT-2 family: the
-    prompts are the paper's, byte for byte). Otherwise the paper's labels that are one
+    The paper's labels if each is one token after the action marker (the GPT-2 family).
+    Otherwise the paper's labels that are one
     token, in their order, then two-letter labels (see :func:`_extra_candidates`) that are,
     with distinct token ids; deterministic for a tokenizer. Raises a one-line
     ``ValueError`` naming the model if the tokenizer cannot supply enough.

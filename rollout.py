@@ -305,7 +305,8 @@ class TwoPlayerRollout:
                 slot.check_replay()
             free = [slot for slot in running if not slot.replaying]
             self._reflect(free, rng, step_seed)
-            prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection, self.one_line) for slot in free]
+            prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection, self.one_line,
+                                     slot.env.analyze_instruction, slot.env.text_layout) for slot in free]
             if self.mask_invalid:
                 valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
             else:
@@ -330,8 +331,8 @@ class TwoPlayerRollout:
                 ask.append(slot)
             else:
                 slot.reflection = None
-        texts = self.reflect([reflection_prompt(s.obs, s.env.action_head, s.env.analyze_instruction) for s in ask],
-                             seed)
+        texts = self.reflect([reflection_prompt(s.obs, s.env.action_head, s.env.analyze_instruction,
+                                                s.env.text_layout) for s in ask], seed)
         for slot, text in zip(ask, texts):
             slot.reflection = text
 

@@ -27,13 +27,13 @@ from utils.io import read_json, write_jsonl
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 
 
-def sft_texts(obs: str, env_cls, label: str, reflection: str) -> tuple[str, str, str]:
-    """The three SFT texts of one state, in the order of :data:`SFT_FILES`."""
-    head = env_cls.action_head
+def sft_texts(obs: str, env_cls, label: str, reflection: str, layout: str = "ours") -> tuple[str, str, str]:
+    """The three SFT texts of one state, in the order of :data:`SFT_FILES`, in the text ``layout``."""
+    head, instruction = env_cls.action_head, env_cls.analyze_instruction
     return (
         policy_sft_text(obs, head, label),
-        reflection_sft_text(obs, head, reflection, instruction=env_cls.analyze_instruction),
-        policy_sft_text(obs, head, label, reflection=reflection),
+        reflection_sft_text(obs, head, reflection, instruction=instruction, layout=layout),
+        policy_sft_text(obs, head, label, reflection=reflection, instruction=instruction, layout=layout),
     )
 
 
@@ -54,13 +54,13 @@ def sft_labels(args) -> tuple[str, ...]:
 
 
 def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "",
-                    labels=LABELS, model: str = "") -> dict[str, int]:
+                    labels=LABELS, model: str = "", layout: str = "ours") -> dict[str, int]:
     """Write the three files (``sft<suffix>.jsonl`` ...) from records with state/reflection and the
     label ``--sft_label`` names, carried from the paper's labels into ``labels`` (of ``model``), and
     ``labels.json``."""
     key, head = LABEL_KEYS[label], env_cls.action_head
     columns = list(zip(*(sft_texts(relabel(r["state"], head, labels), env_cls, relabel_label(r[key], labels),
-                                   r["reflection"]) for r in records))) or [(), (), ()]
+                                   r["reflection"], layout) for r in records))) or [(), (), ()]
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_label_file(out_dir, labels, model)
     counts = {}
@@ -81,7 +81,8 @@ def gen_sft_main(args, env_cls, default_input: Path, step: str) -> int:
                          "(written before records kept it); run the reflection step again")
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     labels = sft_labels(args)
-    counts = write_sft_files(records, env_cls, out_dir, label=args.sft_label, labels=labels, model=args.model_name)
+    counts = write_sft_files(records, env_cls, out_dir, label=args.sft_label, labels=labels, model=args.model_name,
+                             layout=args.text_layout)
     print_counts(step, {"records": len(records), "label": args.sft_label, **counts,
                         "choice labels": "the paper's" if labels == LABELS else f"{args.model_name}'s",
                         "output": str(out_dir)})

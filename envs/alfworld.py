@@ -17,10 +17,12 @@ Observation (before the action head)::
     > go to microwave 1
     You arrive at microwave 1. The microwave 1 is closed.
 
-The actions are textworld's admissible commands in its (sorted) order. Reward is the
-change of the game's score (1 when the task is done), the episode terminates when the game
-is won, and the oracle is the next command of alfworld's expert (``handcoded`` or
-``planner``). Randomness: the problem and the game's own seed (Python's ``random``, which
+The history holds every step since the start (the paper's), or the last ``history_steps``.
+The actions are textworld's admissible commands in its (sorted) order; ``shuffle_action``
+permutes the labels 0..n-1 among them and lists them in label order (the paper's). Reward is
+the change of the game's score (1 when the task is done), the episode terminates when the
+game is won, and the oracle is the next command of alfworld's expert (``handcoded`` or
+``planner``; ``none``, the paper's default outside data generation, gives no oracle). Randomness: the problem and the game's own seed (Python's ``random``, which
 picks the task sentence and drives the handcoded expert, seeded inside the worker) are
 drawn from ``self.np_random``.
 
@@ -43,7 +45,7 @@ from envs.spec import EnvSpec
 
 logger = logging.getLogger(__name__)
 
-EXPERTS = ("handcoded", "planner")
+EXPERTS = ("handcoded", "planner", "none")
 _BANNER = re.compile(r"^\s*-=.*?=-\s*")
 
 
@@ -62,15 +64,21 @@ class ALFWorldEnv(TextEnv):
         "Analyze the situation: what has happened so far, was the last action useful, "
         "and what should be done next to complete the task?\n"
     )
-    history_steps = 10  # steps shown in the observation; the opening text is always kept
+    shuffle_within_shown = True
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False,
                  data_root: str | os.PathLike | None = None,
                  task: str = "pick_and_place_simple-Tomato-None-Microwave", split: str = "train",
                  expert: str = "handcoded", timeout: float = 60.0,
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
-                 problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0):
-        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
+                 problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0,
+                 history_steps: int = 0, text_layout: str = "ours"):
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
+                         text_layout=text_layout)
+        if history_steps < 0:
+            raise ValueError(f"ALFWorld history_steps must be >= 0 (0: every step; --alfworld_history_steps), "
+                             f"got {history_steps}")
+        self.history_steps = history_steps  # steps shown in the observation (0: all); the opening text stays
         if expert not in EXPERTS:
             raise ValueError(f"ALFWorld expert must be one of {EXPERTS} (--alfworld_expert), got {expert!r}")
         if not timeout > 0:
@@ -153,7 +161,7 @@ class ALFWorldEnv(TextEnv):
     def _state_text(self) -> str:
         sections = [self._intro]
         if self._history:
-            shown = self._history[-self.history_steps:]
+            shown = self._history[-self.history_steps:] if self.history_steps else self._history
             header = ("--- History ---" if len(shown) == len(self._history)
                       else f"--- History (last {len(shown)} of {len(self._history)} steps) ---")
             sections.append("\n".join([header] + [f"> {command}\n{reply}" for command, reply in shown]))
@@ -242,7 +250,7 @@ def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
             "split": split or ("valid" if evaluation else args.alfworld_split), "expert": args.alfworld_expert,
             "timeout": args.alfworld_timeout,
             "block_list": None if run_dir is None else Path(run_dir) / "alfworld_blocklist.txt",
-            "few_data": 0 if evaluation else args.few_data}
+            "few_data": 0 if evaluation else args.few_data, "history_steps": args.alfworld_history_steps}
 
 
 def _curriculum(args, max_steps: int) -> Curriculum:

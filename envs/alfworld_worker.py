@@ -84,10 +84,13 @@ class _Game:
         # (it also uses the global ``random``) a function of the env's seed.
         random.seed(seed)
         game_file = build_game_file(Path(trial_dir), Path(game_dir))
+        wrappers = [demangler(shuffle=False), infos_wrapper]
+        if expert != "none":  # no expert: no oracle, and no planning at every step (the paper's default)
+            wrappers.append(expert_wrapper(expert_type=expert))
         request = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile", "expert_plan"])
         env_id = textworld.gym.register_game(
             str(game_file), request, max_episode_steps=MAX_EPISODE_STEPS, name="reflect-rl-alfworld",
-            wrappers=[demangler(shuffle=False), infos_wrapper, expert_wrapper(expert_type=expert)],
+            wrappers=wrappers,
         )
         self._env = textworld.gym.make(env_id)
         # This process lives for many episodes; keep textworld's registry from growing.

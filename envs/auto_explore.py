@@ -11,11 +11,24 @@ The agent moves through a sandboxed copy of the repository (``envs/sandbox.py``)
 given as ``reset(options={"task": task})``, or drawn from ``tasks=[...]`` passed to the
 constructor when ``reset`` gets no task.
 
-Costs (reward = -cost) are the class constants below: each step costs STEP_COST, plus
-ERROR_COST for a command that failed or WARNING_COST for one that told nothing new (or, with
-``cost_rule="keywords"`` as the paper's code, for "Error" / "Warning" anywhere in the output);
-``id`` ends the episode, gaining ``horizon`` if the file is a target and paying it
-otherwise, and running out of steps pays ``horizon``. Success: total cost < 0.01.
+Costs (reward = -cost) are the class constants below. Each step costs STEP_COST and nothing
+more (``cost_rule="step"``: what the paper's code charges in effect, since its keyword count never
+matches), or plus ERROR_COST for a command that failed and WARNING_COST for one that told nothing
+new (``"outcome"``), or plus those for the words "Error" / "Warning" anywhere in the output
+(``"keywords"``: what the paper's code was written to charge). ``id`` ends the episode, gaining
+``horizon`` if the file is a target and paying it otherwise, and running out of steps pays
+``horizon``. Success: total cost < 0.01.
+
+``first_step`` (the paper's contextual bandit): the episode is one decision. The task's first
+optimal command earns FIRST_STEP_BONUS + ``horizon``; any other is charged as in a normal step.
+``oracle_completion`` (this project's): the oracle plays on after the first decision and the whole
+return is that decision's reward; ``success`` then says whether the decision was optimal (the
+return equals the oracle's own), not whether the task was solved.
+
+The paper's ``easy`` mode: the question is "Find <the file's path from the repository root>", for
+one of the task's files drawn at random, and only that file is the target. ``leaveout_prob``
+leaves entries out of the sandbox at random, but never one whose path is a prefix of a target's
+(as strings, as the paper's code).
 """
 
 import logging
@@ -27,10 +40,10 @@ from envs.auto_explore_tasks import (
     DEFAULT_PLAY_REPO,
     DEFAULT_REPOS_DIR,
     depth_curriculum,
+    first_optimal_command,
     load_tasks,
     repo_task,
     run_tasks,
-    target_depth,
     task_depth,
     task_targets,
 )
@@ -54,9 +67,11 @@ STEP_COST = 1.0
 ERROR_COST = 2.0
 WARNING_COST = 1.0
 SUCCESS_MAX_COST = 0.01
-# How a step's extra cost is found: from the command's outcome (it failed; it told nothing new), or, as
-# the paper's code, from the words "Error" and "Warning" in what the step shows (a file's text included).
-COST_RULES = ("outcome", "keywords")
+FIRST_STEP_BONUS = 100.0  # first_step: the first optimal command earns this plus the horizon (the paper's)
+# What a step costs beyond STEP_COST: nothing (step: the paper's code in effect), the command's outcome (it
+# failed; it told nothing new), or the words "Error" and "Warning" in what the step shows (keywords: the
+# paper's code as written, a file's text included).
+COST_RULES = ("step", "outcome", "keywords")
 
 
 class AutoExploreEnv(TextEnv):
@@ -77,17 +92,25 @@ class AutoExploreEnv(TextEnv):
         tasks: list[dict] | None = None,
         render_mode: str | None = None,
         labels=None,
-        cost_rule: str = "outcome",
+        cost_rule: str = "step",
+        oracle_completion: bool = False,
+        sandbox_dir: str | os.PathLike | None = None,
+        text_layout: str = "ours",
     ):
         if not 0.0 <= leaveout_prob <= 1.0:
             raise ValueError(f"leaveout_prob must be in [0, 1], got {leaveout_prob}")
         if cost_rule not in COST_RULES:
             raise ValueError(f"cost_rule must be one of {COST_RULES}, got {cost_rule!r}")
+        if first_step and oracle_completion:
+            raise ValueError("first_step and oracle_completion are two different bandits; choose one")
         self.cost_rule = cost_rule
-        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
+                         text_layout=text_layout)
         self.leaveout_prob = float(leaveout_prob)
         self.easy = easy
         self.first_step = first_step
+        self.oracle_completion = oracle_completion
+        self.sandbox_dir = sandbox_dir  # where the repository copies are made (None: the system's temporary folder)
         self.repos_dir = Path(repos_dir) if repos_dir is not None else DEFAULT_REPOS_DIR
         self.tasks = list(tasks or [])
         self.task: dict | None = None
@@ -100,7 +123,8 @@ class AutoExploreEnv(TextEnv):
         self._read: set[str] = set()  # files shown by cat
         self._viewed: set[tuple[str, str]] = set()  # (head|tail, file) already shown
         self._listed: set[str] = set()  # directories whose entries were shown
-        self._bandit_done = False
+        self._first_optimal: bool | None = None
+        self._first_command = ""
 
     # --- episode setup ----------------------------------------------------------------
 
@@ -116,8 +140,10 @@ class AutoExploreEnv(TextEnv):
         if not isinstance(question, str):
             raise ValueError(f"task field 'question' must be a string, got {question!r:.200}")
         targets = task_targets(task.get("filename"))
+        if self.easy:  # the paper's: one of the task's files, named by its path
+            targets = [targets[int(self.np_random.integers(len(targets)))]]
         root = self._repo_path(task.get("root"), options.get("repos_dir"))
-        pristine = pristine_copy(root)
+        pristine = pristine_copy(root, self.sandbox_dir)
         for target in targets:
             try:
                 _, status = resolve(pristine, "", target)
@@ -128,29 +154,28 @@ class AutoExploreEnv(TextEnv):
             if file_kind(target) is None:
                 raise ValueError(f"task target file {target!r} does not have an allowed suffix")
 
-        # The path to every target survives leave-out, so each task stays solvable.
-        keep = set(targets)
-        for target in targets:
-            parts = target.split("/")
-            keep.update("/".join(parts[:i]) for i in range(1, len(parts)))
-
+        # Entries whose path is a prefix of a target's survive leave-out (the folders on the way among
+        # them), so each task stays solvable.
         def leave_out(rel: str, is_dir: bool) -> bool:
-            return rel not in keep and self.leaveout_prob > 0 and self.np_random.random() < self.leaveout_prob
+            if any(target.startswith(rel) for target in targets):
+                return False
+            return self.leaveout_prob > 0 and self.np_random.random() < self.leaveout_prob
 
         if self._sandbox is not None:
             self._sandbox.close()
-        self._sandbox = Sandbox(root, leave_out=leave_out)
+        self._sandbox = Sandbox(root, leave_out=leave_out, parent=self.sandbox_dir)
         self.task = task
         self._targets = targets
+        self._root = root
         self._repo_name = printable(root.resolve().name)
-        primary = min(targets, key=lambda t: (target_depth(t), t))
-        self._question = f"Find {primary.rpartition('/')[2]}" if self.easy else question
+        self._question = f"Find {targets[0]}" if self.easy else question
         self._history = []
         self._last_result = None
         self._read = set()
         self._viewed = set()
         self._listed = {""}  # the observation lists the current directory
-        self._bandit_done = False
+        self._first_optimal = None
+        self._first_command = first_optimal_command(task) if self.first_step else ""
         logger.debug("AutoExplore episode in %s (sandbox %s), targets %s", root, self._sandbox.root, targets)
 
     def _repo_path(self, root, repos_dir) -> Path:
@@ -192,15 +217,36 @@ class AutoExploreEnv(TextEnv):
     # --- commands -------------------------------------------------------------------------
 
     def _act(self, index: int) -> Outcome:
-        outcome = self.execute(self._actions[index])
-        if self.first_step and not self._bandit_done:
-            self._bandit_done = True
+        command = self._actions[index]
+        if self.oracle_completion and self.steps == 1:
+            best = self._completed_return(self._oracle_command())
+        outcome = self.execute(command)
+        if self.first_step:
+            if command == self._first_command:
+                outcome.reward = FIRST_STEP_BONUS + self.horizon
+            outcome.terminated = True  # one decision, scored on its own
+        elif self.oracle_completion and self.steps == 1:
             if not outcome.terminated:
                 played, reward = self._finish_with_oracle()
                 outcome.reward += reward
                 outcome.terminated = True
                 outcome.info["oracle_completion"] = played
+            self._first_optimal = outcome.reward >= best - 1e-9 and self._solved(outcome.reward)
         return outcome
+
+    def _completed_return(self, command: str) -> float:
+        """The return of ``command`` followed by the oracle, played in a fresh copy of this episode's start."""
+        probe = AutoExploreEnv(horizon=self.horizon, repos_dir=self.repos_dir, cost_rule=self.cost_rule,
+                               labels=self.label_set, sandbox_dir=self.sandbox_dir)
+        try:
+            probe.reset(options={"task": dict(self.task, root=str(self._root), filename=list(self._targets))})
+            outcome = probe.execute(command)
+            probe.steps = 1
+            if outcome.terminated:
+                return outcome.reward
+            return outcome.reward + probe._finish_with_oracle()[1]
+        finally:
+            probe.close()
 
     def _finish_with_oracle(self) -> tuple[list[str], float]:
         """Play the oracle to the end of the episode (first-step mode); its commands and reward."""
@@ -226,8 +272,10 @@ class AutoExploreEnv(TextEnv):
         shown = result.text if warning is None else f"Warning: {warning}\n{result.text}"
         if self.cost_rule == "keywords":
             error, warned = "Error" in shown, "Warning" in shown
-        else:
+        elif self.cost_rule == "outcome":
             error, warned = result.error, warning is not None
+        else:
+            error = warned = False
         cost = STEP_COST + (ERROR_COST if error else 0.0) + (WARNING_COST if warned else 0.0)
         info = {"command": command, "error": result.error, "warning": warning is not None}
         terminated = False
@@ -316,7 +364,12 @@ class AutoExploreEnv(TextEnv):
         return -STEP_COST
 
     def _success(self) -> bool:
-        return -self.total_reward < SUCCESS_MAX_COST
+        if self._first_optimal is not None:
+            return self._first_optimal
+        return self._solved(self.total_reward)
+
+    def _solved(self, total_reward: float) -> bool:
+        return -total_reward < SUCCESS_MAX_COST
 
     def close(self) -> None:
         if self._sandbox is not None:
@@ -351,7 +404,8 @@ class AutoExploreEnv(TextEnv):
 def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
     # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
     return {"leaveout_prob": 0.0 if evaluation else args.leaveout_prob, "easy": args.easy,
-            "first_step": args.first_step, "repos_dir": args.repo_dir, "cost_rule": args.auto_explore_costs}
+            "first_step": args.first_step, "oracle_completion": args.oracle_completion, "repos_dir": args.repo_dir,
+            "cost_rule": args.auto_explore_costs, "sandbox_dir": args.sandbox_dir}
 
 
 def _curriculum(args, max_steps: int) -> Curriculum:
@@ -392,6 +446,7 @@ SPEC = EnvSpec(
                 "data_gen.auto_explore.gen_task", "data_gen.auto_explore.filter_task",
                 "data_gen.auto_explore.reflection_negative", "data_gen.auto_explore.split_data",
                 "data_gen.auto_explore.gen_sft"),
-    own_flags=("easy",), exclusive_flags=("depth_curriculum", "first_step", "few_data"),
+    own_flags=("easy", "sandbox_dir"),
+    exclusive_flags=("depth_curriculum", "first_step", "oracle_completion", "few_data"),
     api_instructions=API_INSTRUCTIONS, api_evaluator="evaluation.auto_explore_gpt",
 )

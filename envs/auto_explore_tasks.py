@@ -83,11 +83,26 @@ def task_fields(record: dict) -> dict:
 
 
 def run_tasks(args) -> list[dict]:
-    """The tasks RL and evaluation play: those of ``--task_file``, with ``--auto_explore_targets``.
+    """The tasks RL and evaluation play: those of ``--task_file``, with ``--auto_explore_targets``; without
+    ``--easy``, those with an empty question are left out (the paper's code).
 
     ``writer`` (the paper's code): a task's targets are its file and every file the data writer identified
     in the task's trajectories; a task where the writer identified none is left out.
     """
+    tasks = _run_tasks(args)
+    if args.easy:
+        return tasks
+    asked = [task for task in tasks if task.get("question") != ""]
+    if not asked:
+        raise ValueError(f"--task_file {args.task_file}: every task has an empty question (give --easy to play "
+                         "them as 'Find <file>')")
+    if len(asked) < len(tasks):
+        logger.info("%d tasks with an empty question left out (as the paper's code, without --easy)",
+                    len(tasks) - len(asked))
+    return asked
+
+
+def _run_tasks(args) -> list[dict]:
     if args.auto_explore_targets == "task":
         return load_tasks(args.task_file)
     flag = "--auto_explore_targets writer"
@@ -118,23 +133,51 @@ def optimal_path(task: dict) -> list[str]:
     return [f"cd {quote_path(folder)}" for folder in folders] + [f"cat {quote_path(name)}", f"id {quote_path(name)}"]
 
 
+def first_optimal_command(task: dict) -> str:
+    """The first command of the task's optimal path (its ``optimal_path``, else :func:`optimal_path`'s)."""
+    path = task.get("optimal_path")
+    if isinstance(path, list) and path and isinstance(path[0], str):
+        return path[0]
+    return optimal_path(task)[0]
+
+
 def depth_curriculum(tasks: list[dict], max_steps: int, merge_first_two: bool = False,
                      merge_after_first_k: int = 3, index: int | None = None) -> Curriculum:
-    """``--depth_curriculum``: tasks grouped by target depth, shallow first (see envs/curriculum.py)."""
+    """``--depth_curriculum``, as the paper's code builds it.
+
+    * A task is placed at the depth of each of its targets (once per depth), so a task with targets at
+      depths 1 and 2 is trained at both levels.
+    * ``merge_first_two`` merges the first two non-empty depths (depths 1 and 2 when no target lies at 0).
+    * The depths past the first ``merge_after_first_k`` levels form one last level.
+    * Each level gets ``max_steps // (tasks over all levels)`` iterations per task it holds and the last
+      level the rest (the paper's schedule; split in proportion when there are fewer iterations than tasks).
+    """
     if not tasks:
         raise ValueError("depth curriculum: no tasks")
-    groups: list[list[int]] = [[depth] for depth in sorted({task_depth(t) for t in tasks})]
-    if merge_first_two and len(groups) >= 2 and groups[0] == [0] and groups[1] == [1]:
-        groups[:2] = [[0, 1]]
-    if len(groups) > merge_after_first_k + 1:
+    by_depth: dict[int, list[dict]] = {}
+    for task in tasks:
+        for depth in sorted({target_depth(target) for target in task_targets(task.get("filename"))}):
+            by_depth.setdefault(depth, []).append(task)
+    groups: list[list[int]] = [[depth] for depth in sorted(by_depth)]
+    if merge_first_two and len(groups) >= 2:
+        groups[:2] = [groups[0] + groups[1]]
+    if len(groups) > merge_after_first_k:
         groups[merge_after_first_k:] = [[d for group in groups[merge_after_first_k:] for d in group]]
-    levels = [
-        Level(name="depth " + "+".join(map(str, group)),
-              options=[{"task": t} for t in tasks if task_depth(t) in group])
-        for group in groups
-    ]
-    curriculum = Curriculum(levels, proportional_steps([len(level.tasks) for level in levels], max_steps))
+    levels = [Level(name="depth " + "+".join(map(str, group)),
+                    options=[{"task": t} for depth in group for t in by_depth[depth]])
+              for group in groups]
+    curriculum = Curriculum(levels, paper_schedule([len(level.options) for level in levels], max_steps))
     return curriculum if index is None else curriculum.only(index)
+
+
+def paper_schedule(counts: list[int], total: int) -> list[int]:
+    """Iterations per level: ``total // sum(counts)`` per task, the remainder to the last level."""
+    per_task = total // sum(counts)
+    if per_task == 0:
+        return proportional_steps(counts, total)
+    steps = [per_task * count for count in counts]
+    steps[-1] += total - sum(steps)
+    return steps
 
 
 def repo_task(repo: Path, rng: np.random.Generator) -> dict:

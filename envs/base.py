@@ -13,6 +13,14 @@ A label outside the current list (an unusable answer) is a wasted step: the stat
 unchanged, the reward is what a step that achieves nothing earns (:meth:`TextEnv._wasted_step_reward`:
 Taxi's move cost, AutoExplore's step cost, 0 in ALFWorld, whose steps cost nothing), and
 ``info["invalid_label"]`` is set; it counts towards the horizon.
+
+``text_layout`` (:data:`prompts.TEXT_LAYOUTS`): ``ours``, or ``paper``, where an environment
+arranges its text in the paper's structure (its own words still) and the prompts place the
+analyze marker and the instruction as the paper's code does (``prompts.py``).
+
+``shuffle_action`` draws the labels shown from the whole label set, in the order of the
+commands (the paper's AutoExplore); an environment with ``shuffle_within_shown`` permutes the
+first n labels instead and lists the commands in label order (the paper's ALFWorld).
 """
 
 from dataclasses import dataclass, field
@@ -21,7 +29,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from prompts import LABELS
+from prompts import LABELS, TEXT_LAYOUTS
 
 MAX_OBS_CHARS = 1_000_000
 
@@ -92,11 +100,15 @@ class TextEnv(gymnasium.Env):
     action_head: str = "The actions you can take now is:"
     analyze_instruction: str = ""
     default_horizon: int = 20
+    shuffle_within_shown: bool = False
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False, render_mode: str | None = None,
-                 labels=None):
+                 labels=None, text_layout: str = "ours"):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if text_layout not in TEXT_LAYOUTS:
+            raise ValueError(f"text_layout must be one of {TEXT_LAYOUTS}, got {text_layout!r}")
+        self.text_layout = text_layout
         self.horizon = horizon or self.default_horizon
         if self.horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {self.horizon}")
@@ -199,12 +211,17 @@ class TextEnv(gymnasium.Env):
         self._actions = list(self._action_texts())
         if len(self._actions) > len(self.label_set):
             raise RuntimeError(f"{len(self._actions)} actions but only {len(self.label_set)} labels")
+        count = len(self._actions)
         if self.shuffle_action:
-            picks = self.np_random.choice(len(self.label_set), size=len(self._actions), replace=False)
+            pool = count if self.shuffle_within_shown else len(self.label_set)
+            picks = self.np_random.choice(pool, size=count, replace=False)
             self._labels = [self.label_set[i] for i in picks]
         else:
-            self._labels = list(self.label_set[: len(self._actions)])
-        listing = "".join(f"{label}. {action}\n" for label, action in zip(self._labels, self._actions))
+            self._labels = list(self.label_set[:count])
+        shown = zip(self._labels, self._actions)
+        if self.shuffle_within_shown:
+            shown = sorted(shown, key=lambda pair: self.label_set.index(pair[0]))
+        listing = "".join(f"{label}. {action}\n" for label, action in shown)
         self._obs = f"{self._state_text()}{self.action_head}\n{listing}"
         return self._obs
 

@@ -4,9 +4,10 @@ pieces (its ``SPEC.curriculum``):
 * Taxi (``--taxi_curriculum``): pickup, then drop-off, then the full task, a third of
   the iterations each.
 * AutoExplore (``--depth_curriculum``): tasks grouped by target depth (number of '/'),
-  shallow first; ``--merge_first_two`` merges depths 0 and 1; depths past the first
-  ``--merge_after_first_k`` levels form one last level; each level gets iterations in
-  proportion to its number of tasks.
+  shallow first, a task at every depth of its targets; ``--merge_first_two`` merges the first
+  two non-empty depths; depths past the first ``--merge_after_first_k`` levels form one last
+  level; each level gets iterations in proportion to its number of tasks (the paper's
+  schedule, ``envs.auto_explore_tasks.depth_curriculum``).
 * ``--curriculum_index k`` trains level k only, for all iterations.
 """
 

@@ -150,9 +150,11 @@ class Sandbox:
 
     COMMANDS = ("cd", "ls", "cat", "head", "tail", "id")
 
-    def __init__(self, source: str | os.PathLike, leave_out: Callable[[str, bool], bool] | None = None):
-        pristine = pristine_copy(source)
-        self.root = tempfile.mkdtemp(prefix="auto_explore_episode_")
+    def __init__(self, source: str | os.PathLike, leave_out: Callable[[str, bool], bool] | None = None,
+                 parent: str | os.PathLike | None = None):
+        pristine = pristine_copy(source, parent)
+        # Next to the pristine copy (one file system, for the hard links).
+        self.root = tempfile.mkdtemp(prefix="auto_explore_episode_", dir=os.path.dirname(pristine))
         self._closer = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         link_tree(pristine, self.root, leave_out)
         self.cwd = ""

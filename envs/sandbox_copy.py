@@ -1,7 +1,7 @@
 """The sandbox's copies of a repository; see ``envs/sandbox.py`` for the whole picture.
 
-:func:`pristine_copy` copies a source repository once per process (cached, removed at
-exit): only regular files and directories with safe names (:func:`~envs.sandbox_paths.is_safe_name`),
+:func:`pristine_copy` copies a source repository once per process and parent folder (the
+system's temporary folder, or ``--sandbox_dir``; cached, removed at exit): only regular files and directories with safe names (:func:`~envs.sandbox_paths.is_safe_name`),
 read with ``O_NOFOLLOW`` up to :data:`MAX_COPY_BYTES` and written read-only.
 :func:`link_tree` builds one episode's copy as a hard-link tree of it, optionally leaving
 entries out.
@@ -26,9 +26,9 @@ MAX_COPY_BYTES = 5 * 1024 * 1024  # larger files are not copied into the sandbox
 
 # --- the per-process pristine copies ------------------------------------------------
 
-_pristine: dict[str, str] = {}
+_pristine: dict[tuple[str, str | None], str] = {}
 _pristine_lock = threading.Lock()
-_process_dir: str | None = None
+_process_dirs: dict[str | None, str] = {}  # parent folder (None: the system's) -> this process's folder in it
 _process_pid: int | None = None
 
 
@@ -38,27 +38,33 @@ def _remove_process_dir(path: str, pid: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def pristine_copy(source: str | os.PathLike) -> str:
-    """The private copy of repository ``source`` for this process, made on first use.
+def pristine_copy(source: str | os.PathLike, parent: str | os.PathLike | None = None) -> str:
+    """The private copy of repository ``source`` for this process, made on first use in a folder of
+    this process under ``parent`` (default: the system's temporary folder).
 
     Later changes to ``source`` are not seen: the copy is a snapshot taken once.
     """
-    global _process_dir, _process_pid
+    global _process_pid
     real = os.path.realpath(source)
     if not os.path.isdir(real):
         raise ValueError(f"repository {os.fspath(source)!r} is not a directory")
+    parent = None if parent is None else os.path.realpath(parent)
     with _pristine_lock:
-        if real in _pristine:
-            return _pristine[real]
-        if _process_dir is None or _process_pid != os.getpid():
-            _process_dir = tempfile.mkdtemp(prefix="reflect_rl_repos_")
+        if (real, parent) in _pristine:  # a forked child reuses its parent's copies
+            return _pristine[real, parent]
+        if _process_pid != os.getpid():  # ... but makes new ones in folders of its own
+            _process_dirs.clear()
             _process_pid = os.getpid()
-            atexit.register(_remove_process_dir, _process_dir, _process_pid)
-        target = tempfile.mkdtemp(prefix=os.path.basename(real)[:40] + "_", dir=_process_dir)
+        if parent not in _process_dirs:
+            if parent is not None:
+                os.makedirs(parent, exist_ok=True)
+            _process_dirs[parent] = tempfile.mkdtemp(prefix="reflect_rl_repos_", dir=parent)
+            atexit.register(_remove_process_dir, _process_dirs[parent], _process_pid)
+        target = tempfile.mkdtemp(prefix=os.path.basename(real)[:40] + "_", dir=_process_dirs[parent])
         skipped = _copy_tree(real, target)
         if skipped:
             logger.info("copied %s into the sandbox; skipped %s", real, dict(sorted(skipped.items())))
-        _pristine[real] = target
+        _pristine[real, parent] = target
         return target
 
 

@@ -27,7 +27,8 @@ class EnvSpec:
 
     * ``make``: the environment class (or any factory taking its keywords).
     * ``settings(args, evaluation, run_dir, split)``: its own constructor keywords from the flags
-      (``horizon``, ``shuffle_action`` and ``labels`` are every environment's, added by ``env_kwargs``);
+      (``horizon``, ``shuffle_action``, ``text_layout`` and ``labels`` are every environment's, added by
+      ``env_kwargs``);
       ``evaluation`` turns training-only randomisation off.
     * ``curriculum(args, max_steps)``: the training curriculum the flags describe (its training
       starts; a single level when no curriculum is on).
@@ -57,4 +58,5 @@ class EnvSpec:
                labels=None) -> dict:
         """All constructor keywords of ``make`` from the shared flags."""
         return {"horizon": args.horizon, "shuffle_action": args.shuffle_action, "labels": labels,
+                "text_layout": args.text_layout,
                 **self.settings(args, evaluation=evaluation, run_dir=run_dir, split=split)}

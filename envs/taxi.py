@@ -3,15 +3,27 @@
 The MDP is gymnasium's own; this module only renders it as text and changes the rewards:
 
 * **dangerous rule**: an action that leaves the state unchanged (driving into a wall,
-  an illegal pickup or drop-off) gives -10 and ends the episode;
-* **pickup reward**: in the ``pickup`` and ``full`` curricula the first successful pickup's
-  reward *is* +20 (``pickup_reward="replace"``, the paper's environment), or +20 on top of
-  the step's -1 (``"add"``, this project's earlier rule), once;
+  an illegal pickup or drop-off) gives -10 and ends the episode. The paper's code misses it on
+  the first step, where such a move costs gymnasium's own reward and the episode goes on
+  (``danger_on_first_step=False``);
+* **pickup reward**: in the ``pickup`` and ``full`` curriculum levels the first successful
+  pickup's reward *is* +20 (``pickup_reward="replace"``, the paper's environment), or +20 on
+  top of the step's -1 (``"add"``, this project's earlier rule), once;
 * every reward is divided by 20.
 
-Curricula: ``pickup`` ends at the pickup; ``dropoff`` starts with the passenger in the
-taxi (the oracle drives there first); ``full`` is the whole task. An episode succeeds
-when its total cost (-return) is below the curriculum's threshold.
+Stages (the ``curriculum`` reset option): the three levels of ``--taxi_curriculum`` --
+``pickup`` ends at the pickup; ``dropoff`` starts with the passenger in the taxi (the oracle
+drives there first); ``full`` is the whole task with the pickup bonus -- and ``plain``, the
+whole task with gymnasium's rewards and no bonus: what the paper's code plays without a
+curriculum. A curriculum level succeeds when its total cost (-return) is below the level's
+threshold (the paper's); ``plain`` succeeds when the passenger is delivered, since the paper's
+threshold there (cost < -1) cannot be reached without the bonus.
+
+``first_step`` (the paper's contextual bandit): the episode is one decision, scored by that
+step's reward. ``oracle_completion`` (this project's): after the policy's first decision the
+oracle plays the rest and the whole return is that decision's reward; ``success`` then says
+whether the decision was optimal (the return equals the oracle's own) and the task got solved,
+not merely whether it got solved, as a played-out episode almost always is.
 """
 
 import copy
@@ -28,17 +40,21 @@ PICKUP, DROPOFF = 4, 5
 IN_TAXI = 4
 FULL = "full"  # the whole task; the other curricula are its two halves
 CURRICULA = ("pickup", "dropoff", FULL)  # in training order; --curriculum_index counts from 0
+PLAIN = "plain"  # the whole task without a curriculum: no pickup bonus (the paper's code)
+STAGES = CURRICULA + (PLAIN,)
 DEPOTS = ("R", "G", "Y", "B")  # gymnasium's locs order
-SUCCESS_COST_BELOW = {"pickup": 0.0, "dropoff": 0.0, FULL: -1.0}
+SUCCESS_COST_BELOW = {"pickup": 0.0, "dropoff": 0.0, FULL: -1.0}  # the paper's thresholds (PLAIN: delivered)
 REWARD_SCALE = 20.0
 DANGER_REWARD = -10.0
 MOVE_REWARD = -1.0  # gymnasium's reward of a move (before scaling): what a wasted step costs
 PICKUP_BONUS = 20.0
 PICKUP_REWARDS = ("replace", "add")  # the first pickup's reward is the bonus, or the bonus plus the step's
 
-RULES = """\
+RULES_MAP = """\
 You are driving a taxi in a 5x5 grid city (the map below; '|' is a wall, ':' is open road).
-The four depots are R (top left), G (top right), Y (bottom left) and B (bottom).
+"""
+RULES_DEPOTS = "The four depots are R (top left), G (top right), Y (bottom left) and B (bottom).\n"
+RULES = """\
 In the map, T is the taxi, P the waiting passenger, D the destination, O the taxi on the
 passenger's cell, and X the taxi with the passenger inside.
 Your job: drive to the passenger, pick the passenger up, drive to the destination and drop
@@ -49,8 +65,8 @@ you may not ends the game at once with a big penalty.
 
 
 def curriculum_at(index: int | None) -> str:
-    """The curriculum ``--curriculum_index`` names; the full task when it names none."""
-    return FULL if index is None else CURRICULA[index]
+    """The stage ``--curriculum_index`` names; without one, the paper's task without a curriculum."""
+    return PLAIN if index is None else CURRICULA[index]
 
 
 class DangerousTaxiEnv(TextEnv):
@@ -60,20 +76,28 @@ class DangerousTaxiEnv(TextEnv):
     )
     default_horizon = 20
 
-    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = FULL,
+    def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = PLAIN,
                  with_prompt: bool = False, with_history: bool = False, first_step: bool = False,
-                 render_mode: str | None = None, labels=None, pickup_reward: str = "replace"):
-        if curriculum not in CURRICULA:
-            raise ValueError(f"curriculum must be one of {CURRICULA}, got {curriculum!r}")
+                 render_mode: str | None = None, labels=None, pickup_reward: str = "replace",
+                 oracle_completion: bool = False, danger_on_first_step: bool = True, depot_letters: bool = True,
+                 text_layout: str = "ours"):
+        if curriculum not in STAGES:
+            raise ValueError(f"curriculum must be one of {STAGES}, got {curriculum!r}")
         if pickup_reward not in PICKUP_REWARDS:
             raise ValueError(f"pickup_reward must be one of {PICKUP_REWARDS}, got {pickup_reward!r}")
+        if first_step and oracle_completion:
+            raise ValueError("first_step and oracle_completion are two different bandits; choose one")
         self.pickup_reward = pickup_reward
         self.curriculum = curriculum
         self.with_prompt = with_prompt
         self.with_history = with_history
         self.first_step = first_step
+        self.oracle_completion = oracle_completion
+        self.danger_on_first_step = danger_on_first_step
+        self.depot_letters = depot_letters
         self._taxi = gymnasium.make("Taxi-v4", is_rainy=False, fickle_passenger=False).unwrapped
-        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels)
+        super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
+                         text_layout=text_layout)
         self.state = 0
         self._history: list[tuple[str, str]] = []
         self._initial_grid = ""
@@ -96,8 +120,8 @@ class DangerousTaxiEnv(TextEnv):
 
     def _reset(self, options: dict) -> None:
         self._stage = options.get("curriculum", self.curriculum)
-        if self._stage not in CURRICULA:
-            raise ValueError(f"options['curriculum'] must be one of {CURRICULA}, got {self._stage!r}")
+        if self._stage not in STAGES:
+            raise ValueError(f"options['curriculum'] must be one of {STAGES}, got {self._stage!r}")
         state, _ = self._taxi.reset(seed=rng_seed(self.np_random))
         if self._stage == "dropoff":
             for action in shortest_plan(self._taxi, state, goal="pickup"):
@@ -105,35 +129,54 @@ class DangerousTaxiEnv(TextEnv):
         self.state = int(state)
         self._history = []
         self._bonus_paid = False
-        self._initial_grid = render_grid(self._taxi, self.state)
+        self._delivered = False
+        self._first_optimal: bool | None = None
+        self._initial_grid = self._grid(self.state)
 
     # --- the step ------------------------------------------------------------------------
 
     def _act(self, index: int) -> Outcome:
+        if self.oracle_completion and self.steps == 1:
+            best = self._completed_return(self._oracle_index())
         outcome = self._apply(index)
-        if self.first_step and not outcome.terminated:
-            # Contextual bandit: the oracle plays the rest; its rewards count for this step.
-            for action in shortest_plan(self._taxi, self.state, self._goal()):
-                follow = self._apply(action)
-                outcome.reward += follow.reward
-            outcome.terminated = True
+        if self.first_step:
+            outcome.terminated = True  # one decision, scored on its own
+        elif self.oracle_completion and self.steps == 1:
+            if not outcome.terminated:
+                for action in shortest_plan(self._taxi, self.state, self._goal()):
+                    outcome.reward += self._apply(action).reward
+                outcome.terminated = True
+            self._first_optimal = outcome.reward >= best - 1e-9 and self._solved(outcome.reward)
         return outcome
+
+    def _completed_return(self, action: int | None) -> float:
+        """The return of ``action`` followed by the oracle's plan, played on a copy."""
+        if action is None:
+            return float("-inf")
+        probe = copy.deepcopy(self)
+        probe.oracle_completion = False
+        outcome = probe._apply(action)
+        reward = outcome.reward
+        if not outcome.terminated:
+            reward += sum(probe._apply(a).reward for a in shortest_plan(probe._taxi, probe.state, probe._goal()))
+        return reward
 
     def _apply(self, action: int) -> Outcome:
         before = self.state
         after, reward, delivered = self._transition(before, action)
         info = {}
-        if after == before:
+        if after == before and (self.danger_on_first_step or self.steps > 1):
             reward, terminated = DANGER_REWARD, True
             info["danger"] = True
         else:
             picked_up = action == PICKUP and _passenger(self._taxi, after) == IN_TAXI
-            if picked_up and self._stage != "dropoff" and not self._bonus_paid:
+            self._delivered = self._delivered or delivered
+            if picked_up and self._stage in ("pickup", FULL) and not self._bonus_paid:
                 reward = PICKUP_BONUS + (reward if self.pickup_reward == "add" else 0.0)
                 self._bonus_paid = True
             terminated = delivered or (self._stage == "pickup" and picked_up)
         self.state = after
-        self._history.append((ACTION_NAMES[action], render_grid(self._taxi, after)))
+        self._history.append((ACTION_NAMES[action], self._grid(after)))
         return Outcome(reward=reward / REWARD_SCALE, terminated=terminated, info=info)
 
     def _transition(self, state: int, action: int) -> tuple[int, float, bool]:
@@ -145,16 +188,23 @@ class DangerousTaxiEnv(TextEnv):
 
     # --- text --------------------------------------------------------------------------
 
+    def _grid(self, state: int) -> str:
+        return render_grid(self._taxi, state, self.depot_letters)
+
     def _state_text(self) -> str:
-        parts = [RULES] if self.with_prompt else []
+        rules = RULES_MAP + (RULES_DEPOTS if self.depot_letters else "") + RULES
+        parts = [rules] if self.with_prompt else []
         if self.with_history:
             parts.append("--- Initial State ---\n" + self._initial_grid)
             for step, (name, grid) in enumerate(self._history, 1):
                 parts.append(f"--- Step {step}: {name} ---\n{grid}")
+        elif self.text_layout == "paper":  # the paper's structure: a lead line, then one action name per line
+            parts.append("--- History ---\nActions taken so far, in order:\n"
+                         + "".join(f"{name}\n" for name, _ in self._history))
         else:
             names = ", ".join(name for name, _ in self._history) or "none"
             parts.append(f"--- History ---\nPrevious actions: {names}\n")
-        parts.append("--- Current State ---\n" + render_grid(self._taxi, self.state))
+        parts.append("--- Current State ---\n" + self._grid(self.state))
         return "".join(parts)
 
     def _action_texts(self) -> list[str]:
@@ -165,7 +215,14 @@ class DangerousTaxiEnv(TextEnv):
         return plan[0] if plan else None
 
     def _success(self) -> bool:
-        return -self.total_reward < SUCCESS_COST_BELOW[self._stage]
+        if self._first_optimal is not None:
+            return self._first_optimal
+        return self._solved(self.total_reward)
+
+    def _solved(self, total_reward: float) -> bool:
+        if self._stage == PLAIN:
+            return self._delivered
+        return -total_reward < SUCCESS_COST_BELOW[self._stage]
 
     def _wasted_step_reward(self) -> float:
         return MOVE_REWARD / REWARD_SCALE
@@ -190,10 +247,14 @@ def _passenger(taxi, state: int) -> int:
     return taxi.decode(state)[2]
 
 
-def render_grid(taxi, state: int) -> str:
-    """The 7-line ASCII map with T / P / D / O / X marking taxi, passenger and destination."""
+def render_grid(taxi, state: int, depot_letters: bool = True) -> str:
+    """The 7-line ASCII map with T / P / D / O / X marking taxi, passenger and destination; the
+    depots' letters R, G, Y, B left on their cells, or blanked (``depot_letters=False``, the paper's map)."""
     row, col, passenger, destination = taxi.decode(state)
     grid = [[c.decode() for c in line] for line in taxi.desc]
+    if not depot_letters:
+        for depot_row, depot_col in taxi.locs:
+            grid[1 + depot_row][2 * depot_col + 1] = " "
 
     def mark(cell: tuple[int, int], char: str) -> None:
         grid[1 + cell[0]][2 * cell[1] + 1] = char
@@ -250,18 +311,23 @@ def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
 
 def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
     return {"with_prompt": args.with_prompt, "with_history": args.with_history, "first_step": args.first_step,
-            "pickup_reward": args.pickup_reward}
+            "oracle_completion": args.oracle_completion, "pickup_reward": args.pickup_reward,
+            "danger_on_first_step": args.danger_on_first_step, "depot_letters": args.taxi_depot_letters}
 
 
 def _curriculum(args, max_steps: int) -> Curriculum:
     if args.taxi_curriculum:
         return taxi_curriculum(max_steps, args.curriculum_index)
-    return single_level(FULL, [{"curriculum": FULL}], max_steps)
+    return single_level(PLAIN, [{"curriculum": PLAIN}], max_steps)
 
 
 def _held_out(args, env) -> list[tuple[dict, str]]:
-    """Every curriculum, or the one ``--curriculum_index`` names."""
-    levels = CURRICULA if args.curriculum_index is None else (CURRICULA[args.curriculum_index],)
+    """With ``--taxi_curriculum``, every level (or the one ``--curriculum_index`` names); without, the task
+    trained (``plain``) and the three levels beside it."""
+    if args.curriculum_index is not None:
+        levels = (CURRICULA[args.curriculum_index],)
+    else:
+        levels = CURRICULA if args.taxi_curriculum else (PLAIN,) + CURRICULA
     return [({"curriculum": level}, level) for level in levels]
 
 
@@ -281,6 +347,7 @@ SPEC = EnvSpec(
     name="taxi", make=DangerousTaxiEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
     play_options=lambda args, rng: {"curriculum": curriculum_at(args.curriculum_index)},
     data_steps=("data_gen.taxi.reflection", "data_gen.taxi.brute_force", "data_gen.taxi.gen_sft"),
-    own_flags=("with_prompt", "with_history"), exclusive_flags=("taxi_curriculum", "first_step"),
+    own_flags=("with_prompt", "with_history", "taxi_depot_letters", "danger_on_first_step"),
+    exclusive_flags=("taxi_curriculum", "first_step", "oracle_completion"),
     api_instructions=API_INSTRUCTIONS,
 )

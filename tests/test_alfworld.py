@@ -194,12 +194,45 @@ def test_invalid_label_leaves_state(env):
     assert "In it, you see a apple 1." in obs and "take apple 1 from fridge 1" in info["actions"]
 
 
-def test_history_is_capped(env):
+def test_history_holds_every_step_by_default_and_can_be_capped(env):
+    """The paper's: every step since the start; --alfworld_history_steps N keeps the last N."""
     obs, info = env.reset(seed=0)
     for _ in range(12):
         obs, _, _, _, info = env.step(env.label_of("look"))
+    assert "--- History ---\n" in obs and obs.count("\n> look\n") == 12
+    capped = ALFWorldEnv(problems=[FIXTURE], history_steps=10)
+    obs, info = capped.reset(seed=0)
+    for _ in range(12):
+        obs, _, _, _, info = capped.step(capped.label_of("look"))
     assert "--- History (last 10 of 12 steps) ---" in obs and obs.count("\n> look\n") == 10
     assert "Your task is to: " in obs
+    capped.close()
+
+
+def test_shuffled_labels_are_the_first_n_listed_in_label_order():
+    """The paper's ALFWorld shuffle: the labels 0..n-1 permuted over the commands, listed by label."""
+    env = ALFWorldEnv(problems=[FIXTURE], shuffle_action=True)
+    moved = False
+    for seed in range(4):
+        obs, info = env.reset(seed=seed)
+        assert sorted(info["labels"], key=LABELS.index) == list(LABELS[: len(info["actions"])])
+        listing = obs.split(env.action_head + "\n")[1]
+        by_label = sorted(zip(info["labels"], info["actions"]), key=lambda pair: LABELS.index(pair[0]))
+        assert listing == "".join(f"{label}. {command}\n" for label, command in by_label)
+        moved |= info["labels"] != list(LABELS[: len(info["actions"])])
+        _, reward, *_ = env.step(env.label_of("go to fridge 1"))  # a label still picks its own command
+        assert "fridge 1" in env.observation.split("--- History ---")[1]
+    assert moved
+    env.close()
+
+
+def test_without_an_expert_there_is_no_oracle_and_the_game_plays_the_same():
+    plain = ALFWorldEnv(problems=[FIXTURE], expert="none")
+    obs, info = plain.reset(seed=3)
+    assert info["oracle_label"] is None and plain.expert_plan == []
+    obs, reward, *_ = plain.step(plain.label_of("go to microwave 1"))
+    assert "microwave 1" in obs and reward == 0.0
+    plain.close()
 
 
 # --- failures: block list, timeouts, dead workers ---------------------------------------

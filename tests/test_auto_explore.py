@@ -21,7 +21,8 @@ def repo(tmp_path):
 # --- the gymnasium contract -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"shuffle_action": True, "leaveout_prob": 0.5}, {"first_step": True}])
+@pytest.mark.parametrize("kwargs", [{}, {"shuffle_action": True, "leaveout_prob": 0.5}, {"first_step": True},
+                                    {"oracle_completion": True}])
 def test_check_env(repo, kwargs):
     env = make_env(repo, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
@@ -100,7 +101,7 @@ def test_quoted_names_round_trip(repo):
 
 
 def test_read_files_leave_cat_list_but_stay_in_id_list(repo):
-    env = make_env(repo)
+    env = make_env(repo, cost_rule="outcome")
     env.reset(seed=0)
     _, _, _, _, info = env.step(env.label_of("cat main.py"))
     assert "cat main.py" not in info["actions"] and "id main.py" in info["actions"]
@@ -167,7 +168,7 @@ def test_an_invalid_label_costs_a_step(repo):
 
 
 def test_error_and_warning_costs(repo):
-    env = make_env(repo)
+    env = make_env(repo, cost_rule="outcome")
     env.reset(seed=0)
     steps = run(env, ["cat nope.py", "cd nowhere", "id LICENSE", "ls", "ls docs", "ls docs", "head main.py",
                       "head main.py", "cat main.py", "tail main.py", "cd src", "cd .."])
@@ -179,7 +180,7 @@ def test_error_and_warning_costs(repo):
 
 
 def test_errors_do_not_end_the_episode_and_say_error(repo):
-    env = make_env(repo)
+    env = make_env(repo, cost_rule="outcome")
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step_command("id nothing.py")
     assert reward == -3 and not terminated and info["error"]
@@ -230,26 +231,27 @@ def test_episode_copies_are_removed(repo):
 def test_easy_mode_question(repo):
     env = make_env(repo, easy=True)
     obs, _ = env.reset(seed=0)
-    assert obs.startswith("# Task\nFind helpers.py\n# Current working directory\n")
+    assert obs.startswith(f"# Task\nFind {TARGET}\n# Current working directory\n")
 
 
-def test_first_step_mode_completes_with_the_oracle(repo):
-    env = make_env(repo, first_step=True)
+def test_oracle_completion_plays_the_rest_with_the_oracle(repo):
+    env = make_env(repo, oracle_completion=True)
     results = {}
     for first in ("cd src", "cd docs", "id main.py", "cat main.py"):
         env.reset(seed=0)
         _, reward, terminated, truncated, info = env.step(env.label_of(first))
         assert terminated and not truncated and env.done
         results[first] = (reward, info["success"], info.get("oracle_completion"))
+    # 'success' is whether the first decision was optimal, not whether the played-out episode was solved.
     assert results["cd src"] == (env.horizon - 4, True, ["cd utils", "cat helpers.py", "id helpers.py"])
-    assert results["cd docs"][:2] == (env.horizon - 6, True)
-    assert results["cat main.py"][:2] == (env.horizon - 5, True)
+    assert results["cd docs"][:2] == (env.horizon - 6, False)
+    assert results["cat main.py"][:2] == (env.horizon - 5, False)
     assert results["id main.py"] == (-1 - env.horizon, False, None)
     assert results["cd src"][0] > results["cat main.py"][0] > results["cd docs"][0] > results["id main.py"][0]
 
 
-def test_first_step_mode_charges_running_out(repo):
-    env = make_env(repo, first_step=True, horizon=3)
+def test_oracle_completion_charges_running_out(repo):
+    env = make_env(repo, oracle_completion=True, horizon=3)
     env.reset(seed=0)
     _, reward, terminated, _, info = env.step(env.label_of("cd docs"))
     assert terminated and not info["success"]
@@ -268,10 +270,12 @@ def test_step_command_matches_label_steps(repo):
 
 def test_keyword_costs_as_the_papers_code(repo):
     (repo / "errors.md").write_text("Error handling: every Warning is logged.\n")
-    outcome, keywords = make_env(repo), make_env(repo, cost_rule="keywords")
-    outcome.reset(seed=0)
-    keywords.reset(seed=0)
+    step, outcome, keywords = make_env(repo), make_env(repo, cost_rule="outcome"), make_env(repo, cost_rule="keywords")
+    for env in (step, outcome, keywords):
+        env.reset(seed=0)
     # Reading a file that mentions errors: no extra cost by outcome; error and warning costs by keywords.
+    # The default (the paper's code in effect): every step costs 1, a failed command too.
+    assert [-r for r, *_ in run(step, ["cat errors.md", "cat nope.py", "cat errors.md"])] == [1, 1, 1]
     assert [-r for r, *_ in run(outcome, ["cat errors.md", "cat nope.py"])] == [1, 3]
     assert [-r for r, *_ in run(keywords, ["cat errors.md", "cat nope.py"])] == [1 + 2 + 1, 3]
     with pytest.raises(ValueError, match="cost_rule"):

@@ -31,8 +31,10 @@ COMMON = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_e
               per_device_train_batch_size=4, learning_rate=1e-3, horizon=4, max_steps=3, save_steps=3, seed=7,
               pickup_reward="add")  # the Taxi rule of the golden runs' time (the paper's is "replace")
 CASES = {
-    "pg_none_replay": dict(trainer="pg", baseline="none", replay_batch_size=2, curriculum_index=None,
-                           taxi_curriculum=False, first_step=True),
+    # The curriculum's full task played out by the oracle after the first decision (the bandit once named
+    # --first_step, without a curriculum: the full task with the bonus then).
+    "pg_none_replay": dict(trainer="pg", baseline="none", replay_batch_size=2, curriculum_index=2,
+                           oracle_completion=True),
     "pg_mean_reflect": dict(trainer="pg", baseline="mean", reflect=True, reflect_max_new_tokens=6),
     "pg_critic": dict(trainer="pg", baseline="critic", replay_buffer_size=0),
     "ppo_mean": dict(trainer="ppo", baseline="mean", ppo_epochs=2),

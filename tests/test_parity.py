@@ -38,6 +38,27 @@ def test_every_preset_key_is_a_setting_with_a_row():
         assert rows[key].paper_value == value and rows[key].why and rows[key].paper and rows[key].ours
 
 
+def test_each_rows_status_matches_the_defaults():
+    """'the paper's by default' rows with a setting default to the paper's value; 'one flag away' rows do not."""
+    fields = ScriptArguments.__dataclass_fields__
+    for row in parity.DEVIATIONS:
+        assert row.status in (parity.PAPER, parity.FLAG, parity.KEPT) and row.why, row.behaviour
+        if row.setting:
+            assert (fields[row.setting].default == row.paper_value) == (row.status == parity.PAPER), row.behaviour
+
+
+def test_every_difference_found_by_playing_has_a_row():
+    """PARITY.md's "Checked by playing" section: each behaviour and text difference is named by a row."""
+    behaviours = {row.behaviour for row in parity.DEVIATIONS}
+    found = ["`--first_step` (Taxi, AutoExplore)", "AutoExplore step costs", "Taxi without `--taxi_curriculum`",
+             "Taxi: the dangerous rule on the first step", "AutoExplore depth curriculum", "AutoExplore `--easy`",
+             "AutoExplore `--leaveout_prob`", "ALFWorld history", "ALFWorld oracle", "`--shuffle_action` on ALFWorld",
+             "Taxi map: depot letters", "prompt layout", "action lines", "the paper's SFT texts",
+             "AutoExplore observation", "AutoExplore invalid label", "ALFWorld observation",
+             "episode ends (done / truncated)"]
+    assert set(found) <= behaviours, set(found) - behaviours
+
+
 def test_the_readme_table_is_the_generated_one():
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Parity with the paper's code\n", 1)[1].split("\n## ", 1)[0]
@@ -213,7 +234,7 @@ def test_sft_epochs_and_length_grouping(make_args, tmp_path):
 
 
 def test_separate_replay_steps_on_one_drawn_success_and_empties_at_each_level(make_args, tmp_path):
-    args = make_args(env="taxi", taxi_curriculum=True, first_step=True, per_device_eval_batch_size=4,
+    args = make_args(env="taxi", taxi_curriculum=True, oracle_completion=True, per_device_eval_batch_size=4,
                      learning_rate=1e-3, max_steps=6, save_steps=6, replay_mode="separate", replay_buffer_size=50)
     assert rl_finetune.main(args) == 0
     (run,) = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")

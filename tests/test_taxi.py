@@ -57,9 +57,10 @@ def test_same_seed_same_labels_same_rollout():
     assert rollout(5) != rollout(6)
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_safe_random_actions_agree_with_gymnasium(seed):
-    env = make_env("taxi", horizon=200)
+@pytest.mark.parametrize("stage", ["plain", "full"])
+@pytest.mark.parametrize("seed", range(4))
+def test_safe_random_actions_agree_with_gymnasium(seed, stage):
+    env = make_env("taxi", horizon=200, curriculum=stage)
     _, info = env.reset(seed=seed)
     raw = _raw_taxi()
     raw.reset(seed=0)
@@ -73,9 +74,11 @@ def test_safe_random_actions_agree_with_gymnasium(seed):
         state, base_reward, raw_done, _, _ = raw.step(action)
         _, reward, terminated, truncated, info = env.step(info["labels"][action])
         assert env.state == state
-        bonus = PICKUP_BONUS if passenger_before != 4 and raw.decode(state)[2] == 4 and bonus_steps == 0 else 0.0
+        picked_up = passenger_before != 4 and raw.decode(state)[2] == 4
+        bonus = PICKUP_BONUS if stage == "full" and picked_up and bonus_steps == 0 else 0.0
         bonus_steps += bonus > 0
-        # The paper's rule: the first pickup's reward is the bonus itself (it replaces the step's -1).
+        # The paper's rule: in the curriculum's full task the first pickup's reward is the bonus itself (it
+        # replaces the step's -1); without a curriculum (plain) there is no bonus.
         assert reward * REWARD_SCALE == pytest.approx(bonus if bonus else base_reward)
         assert terminated == raw_done
         grid = split_observation(env.observation, env.action_head)[0].split("--- Current State ---\n")[1]
@@ -110,7 +113,7 @@ def test_dangerous_moves_end_the_episode(setup, action):
 
 @pytest.mark.parametrize(("rule", "first_pickup"), [("replace", 1.0), ("add", 0.95)])
 def test_pickup_bonus_is_paid_once(rule, first_pickup):
-    env = make_env("taxi", horizon=50, pickup_reward=rule)
+    env = make_env("taxi", horizon=50, pickup_reward=rule, curriculum="full")
     env.reset(seed=0)
     _place(env, 0, 0, 0, 2)  # at R with the passenger, destination Y
     _, reward, terminated, *_ = env.step("4")
@@ -200,17 +203,19 @@ def test_an_agent_that_never_answers_usably_pays_every_step():
     assert info["cost"] == pytest.approx(0.25)  # not 0.000, which would beat every trained model
 
 
-def test_first_step_is_a_contextual_bandit():
-    good, bad = make_env("taxi", first_step=True), make_env("taxi", first_step=True)
-    _, info = good.reset(seed=2)
-    bad.reset(seed=2)
+def test_oracle_completion_scores_the_first_decision_with_the_oracles_return():
+    good, bad = make_env("taxi", oracle_completion=True), make_env("taxi", oracle_completion=True)
+    _, info = good.reset(seed=2, options={"curriculum": "full"})
+    bad.reset(seed=2, options={"curriculum": "full"})
     oracle = info["oracle_label"]
     wrong = next(label for label in info["labels"][:4]
                  if label != oracle and bad._taxi.P[bad.state][int(label)][0][1] != bad.state)
     _, good_reward, terminated, _, good_info = good.step(oracle)
-    _, bad_reward, bad_terminated, _, _ = bad.step(wrong)
-    assert terminated and bad_terminated and good_info["success"]
-    assert good_reward == pytest.approx(-good_info["cost"]) and good_reward > bad_reward
+    _, bad_reward, bad_terminated, _, bad_info = bad.step(wrong)
+    assert terminated and bad_terminated and good_reward > bad_reward
+    # 'success' there is 'the decision was optimal', not 'the task was solved' (both were played out).
+    assert good_info["success"] and not bad_info["success"]
+    assert good_reward == pytest.approx(-good_info["cost"])
 
 
 def test_text_modes():

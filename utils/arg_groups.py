@@ -166,35 +166,57 @@ class EnvArguments(_Group):
         None, "Steps before an episode is truncated (default: the environment's own).")
     shuffle_action: bool = _arg(
         False, "Show each action list with a random sample of the choice labels.")
+    text_layout: Literal["ours", "paper"] = _arg(
+        "ours", "How the texts are arranged: ours, or the paper's structure (in our words): the analyze marker "
+        "on the state's last line, the instruction kept in the policy's prompt with a reflection, Taxi's history "
+        "as one action name per line.")
     with_prompt: bool = _arg(False, "Taxi: start the observation with the rule description.")
     with_history: bool = _arg(
         False, "Taxi: show the initial grid and each step's action and grid, not just action names.")
+    taxi_depot_letters: bool = _arg(
+        True, "Taxi: show the depots' letters R, G, Y, B on the map (the paper's map blanks them: "
+        "--no_taxi_depot_letters).")
+    danger_on_first_step: bool = _arg(
+        True, "Taxi: the dangerous rule (a move that changes nothing costs -10 and ends the episode) holds from "
+        "the first step, as the paper states it; its code applies it from the second (--no_danger_on_first_step).")
     pickup_reward: Literal["replace", "add"] = _arg(
         "replace", "Taxi: the first pickup's reward is +20 (replace: the paper's environment, 1.0 after "
         "scaling) or +20 on top of the move's -1 (add: 0.95, this project's rule before the parity review).")
-    easy: bool = _arg(False, "AutoExplore: the question is 'Find <file>'.")
-    auto_explore_costs: Literal["outcome", "keywords"] = _arg(
-        "outcome", "AutoExplore: charge the error/warning costs for a command that failed or told nothing new "
-        "(outcome), or for the words Error/Warning anywhere in its output, a file's text included (keywords, "
-        "the paper's code).")
+    easy: bool = _arg(False, "AutoExplore: the question is 'Find <path of one of the task's files>', that file "
+                      "the only target (the paper's).")
+    auto_explore_costs: Literal["step", "outcome", "keywords"] = _arg(
+        "step", "AutoExplore: what a step costs beyond 1: nothing (step: what the paper's code charges in "
+        "effect), 2 more for a command that failed and 1 for one that told nothing new (outcome), or those for "
+        "the words Error/Warning anywhere in the output, a file's text included (keywords: the paper's code as "
+        "written, whose count never matches).")
     auto_explore_targets: Literal["task", "writer"] = _arg(
         "task", "AutoExplore RL/eval: a task is solved by identifying its file (task), or also any file the "
         "data writer identified in its trajectories, tasks where it identified none being left out (writer, "
         "the paper's code; needs a --task_file with trajectories).")
     first_step: bool = _arg(
-        False, "Train the first decision only (a contextual bandit; AutoExplore and Taxi).")
+        False, "The paper's contextual bandit: each episode is one decision, scored on its own (Taxi: that "
+        "step's reward; AutoExplore: +100 + horizon for the task's first optimal command).")
+    oracle_completion: bool = _arg(
+        False, "This project's bandit: after the policy's first decision the oracle plays the episode out and "
+        "the return is that decision's reward; 'success' is then whether the decision was optimal.")
     leaveout_prob: float = _arg(
         0.5,
-        "AutoExplore: probability to leave an entry off the path to the target out of the sandbox "
+        "AutoExplore: probability to leave an entry whose path is no prefix of a target's out of the sandbox "
         "(training only; evaluation uses 0).")
+    sandbox_dir: str | None = _arg(
+        None, "AutoExplore: the folder where the repository copies the agent explores are made (default: the "
+        "system's temporary folder).")
     alfworld_data: str | None = _arg(
         None, "ALFWorld json_2.1.1 data root (default: $ALFWORLD_DATA).")
     alfworld_task: str = _arg(
         ALFWORLD_PAPER_TASK, "ALFWorld task family: trial folder name prefix ('' for all).")
     alfworld_split: str = _arg(
         "train", "ALFWorld split for training: train, valid_seen, valid_unseen, valid_train, or valid (all three valid_*; what evaluation uses).")
-    alfworld_expert: Literal["handcoded", "planner"] = _arg(
-        "handcoded", "ALFWorld expert giving the oracle action.")
+    alfworld_expert: Literal["handcoded", "planner", "none"] = _arg(
+        "handcoded", "ALFWorld expert giving the oracle action (none: no oracle, the paper's RL default; the "
+        "data steps need one).")
+    alfworld_history_steps: int = _arg(
+        0, "ALFWorld: steps of history shown in the observation (0: every step since the start, the paper's).")
     alfworld_timeout: float = _arg(
         60.0, "Seconds an ALFWorld reset or step may take before the game is skipped.")
 
@@ -202,6 +224,9 @@ class EnvArguments(_Group):
         _at_least(self, 1, "horizon")
         _probability(self, "leaveout_prob")
         _positive(self, "alfworld_timeout")
+        _at_least(self, 0, "alfworld_history_steps")
+        need(not (self.first_step and self.oracle_completion), "oracle_completion",
+             "and --first_step are two different bandits; give one")
         from envs import ENVS
 
         need(self.env in ENVS, "env", f"{self.env!r} is not one of {tuple(ENVS)}")
@@ -305,7 +330,8 @@ class CurriculumArguments(_Group):
         False, "Taxi: train pickup, then drop-off, then the full task, a third of the steps each.")
     depth_curriculum: bool = _arg(
         False, "AutoExplore: train on targets of increasing depth.")
-    merge_first_two: bool = _arg(False, "AutoExplore curriculum: merge depths 0 and 1.")
+    merge_first_two: bool = _arg(
+        False, "AutoExplore curriculum: merge the first two depths that hold targets (0 and 1, or 1 and 2).")
     merge_after_first_k: int = _arg(
         3, "AutoExplore curriculum: depths beyond the first k levels form one last level.")
     curriculum_index: int | None = _arg(

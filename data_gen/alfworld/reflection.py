@@ -42,6 +42,7 @@ from data_gen.common import journal_name as common_journal_name
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
 from experiment_args import parse_args, require_env
+from utils.errors import UsageError
 from utils.io import write_json
 from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
 from utils.paths import DATA_DIR
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_RANDOM_PROB = 0.7
 OUT_DIR = DATA_DIR / "alfworld"
 STEP = "alfworld.reflection"
-RECORD_VERSION = 2  # 2: records keep the label taken
+RECORD_VERSION = 3  # 2: records keep the label taken; 3: states show the whole history
 
 SYSTEM = ("You coach an agent in a text-based household game (ALFWorld). You write short, concrete "
           "analyses of the current situation that help the agent choose its next command.")
@@ -128,12 +129,17 @@ def journal_name(args) -> str:
     return common_journal_name("alfworld_reflection", model_name(args), args.seed, args.alfworld_task,
                                args.alfworld_split, args.alfworld_expert, random_prob(args, DEFAULT_RANDOM_PROB),
                                args.horizon, args.shuffle_action, RECORD_VERSION,
-                               *([] if args.alfworld_spoiler else ["no spoiler"]))
+                               *([] if args.alfworld_spoiler else ["no spoiler"]),
+                               *([] if args.alfworld_history_steps == 0 else [f"history {args.alfworld_history_steps}"]),
+                               *([] if args.text_layout == "ours" else [f"{args.text_layout} text"]))
 
 
 @stops_on_llm_error(STEP, "episodes")
 def main(args) -> int:
     require_env(args, "alfworld", STEP)
+    if args.alfworld_expert == "none":
+        raise UsageError(f"--alfworld_expert none: {STEP} needs an expert (its oracle labels the data); "
+                         "give handcoded or planner")
     out_dir = Path(OUT_DIR if args.output_dir is None else args.output_dir)
     # The env names --alfworld_data and $ALFWORLD_DATA when neither gives a data root.
     env = make_env("alfworld", **env_kwargs(args, run_dir=out_dir))

@@ -109,7 +109,7 @@ def main(args) -> int:
                 used, positive = trajectory_texts(env, record, trajectory, replay_seed(args.seed, record, index),
                                                   counts, all_positives=args.sft_positives == "all")
                 for obs, label, reflection in used:
-                    plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection)
+                    plain, reflect, policy = sft_texts(obs, AutoExploreEnv, label, reflection, args.text_layout)
                     texts["sft.jsonl"].append(plain)
                     texts["sft_reflection.jsonl"].append(reflect)
                     texts["sft_policy.jsonl"].append(policy)

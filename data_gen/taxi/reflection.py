@@ -136,7 +136,14 @@ def journal_name(args) -> str:
     """The journal of one configuration: a change of any setting starts a fresh one."""
     return common_journal_name("taxi_reflection", model_name(args), args.seed, data_curriculum(args), args.horizon,
                                random_prob(args, DEFAULT_RANDOM_PROB),
-                               args.shuffle_action, args.with_prompt, args.with_history, RECORD_VERSION)
+                               args.shuffle_action, args.with_prompt, args.with_history, RECORD_VERSION,
+                               *_text_settings(args))
+
+
+def _text_settings(args) -> tuple:
+    """What changes the observations' text beyond the flags above (none: the journal name stays as it was)."""
+    changed = (args.text_layout != "ours", not args.taxi_depot_letters, not args.danger_on_first_step)
+    return (args.text_layout, args.taxi_depot_letters, args.danger_on_first_step) if any(changed) else ()
 
 
 def data_curriculum(args) -> str:
@@ -147,7 +154,8 @@ def data_curriculum(args) -> str:
 def data_env(args):
     """The environment a Taxi data step plays (reflection, brute_force)."""
     return make_env("taxi", horizon=args.horizon, shuffle_action=args.shuffle_action, with_prompt=args.with_prompt,
-                    with_history=args.with_history, curriculum=data_curriculum(args))
+                    with_history=args.with_history, curriculum=data_curriculum(args), text_layout=args.text_layout,
+                    depot_letters=args.taxi_depot_letters, danger_on_first_step=args.danger_on_first_step)
 
 
 @stops_on_llm_error(STEP, "episodes")
