@@ -39,6 +39,45 @@ def test_prompt_shapes():
     assert policy_prompt(OBS, HEAD, "Go south.") == before + ANALYZE_MARKER + "Go south.\n" + after + ACTION_MARKER
 
 
+def test_the_papers_layout():
+    """The paper's code: the marker ends the state's last line, and the policy's prompt with a reflection
+    keeps the instruction at the top; without a reflection the prompt is the same in both layouts."""
+    assert reflection_prompt(OBS, HEAD, "Think. ", "paper") == "Think. --- Current State ---\ngrid" + ANALYZE_MARKER
+    assert policy_prompt(OBS, HEAD, "Go south.", instruction="Think. ", layout="paper") == (
+        "Think. --- Current State ---\ngrid" + ANALYZE_MARKER + "Go south.\n" + HEAD + "\n0. move south\n"
+        "1. move north\n" + ACTION_MARKER)
+    assert policy_prompt(OBS, HEAD, instruction="Think. ", layout="paper") == policy_prompt(OBS, HEAD)
+    assert policy_prompt(OBS, HEAD, "Go.", instruction="Think. ") == policy_prompt(OBS, HEAD, "Go.")  # ours: none
+    text = policy_sft_text(OBS, HEAD, "1", reflection="Go.", instruction="Think. ", layout="paper")
+    assert completion_start(text) == len(text) - 1
+    with pytest.raises(ValueError, match="text layout"):
+        reflection_prompt(OBS, HEAD, layout="theirs")
+
+
+def test_the_rollout_and_the_sft_texts_use_the_environments_layout(make_args, tiny_path):
+    """A policy trained on SFT texts of one layout reads prompts of the same layout in RL."""
+    import numpy as np
+
+    from data_gen.sft import sft_texts
+    from envs import make_env
+    from envs.taxi import DangerousTaxiEnv
+    from rollout import EpisodeStart, TwoPlayerRollout
+    from utils import models
+
+    args = make_args(env="taxi")
+    policy, tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    rollout = TwoPlayerRollout(policy, tokenizer, reflector=policy, reflect_tokenizer=tokenizer, greedy=True)
+    env = make_env("taxi", text_layout="paper", depot_letters=False, labels=rollout.labels, horizon=1)
+    (episode,) = rollout.run([env], [EpisodeStart(seed=3, options={"curriculum": "pickup"})],
+                             np.random.default_rng(0))
+    decision = episode.decisions[0]
+    obs, _ = make_env("taxi", text_layout="paper", depot_letters=False, labels=rollout.labels).reset(
+        seed=3, options={"curriculum": "pickup"})
+    _, _, policy_text = sft_texts(obs, DangerousTaxiEnv, "0", decision.reflection, "paper")
+    assert policy_text == decision.prompt + "0"
+    assert policy_text.startswith(DangerousTaxiEnv.analyze_instruction)
+
+
 def test_sft_texts_are_prompt_plus_completion():
     text = policy_sft_text(OBS, HEAD, "1", reflection="Go north.")
     prompt = policy_prompt(OBS, HEAD, "Go north.")
