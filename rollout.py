@@ -306,7 +306,7 @@ class TwoPlayerRollout:
             free = [slot for slot in running if not slot.replaying]
             self._reflect(free, rng, step_seed)
             prompts = [policy_prompt(slot.obs, slot.env.action_head, slot.reflection, self.one_line,
-                                     slot.env.analyze_instruction, slot.env.text_layout) for slot in free]
+                                     slot.env.instruction(slot.env.text_layout), slot.env.text_layout) for slot in free]
             if self.mask_invalid:
                 valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
             else:
@@ -331,7 +331,7 @@ class TwoPlayerRollout:
                 ask.append(slot)
             else:
                 slot.reflection = None
-        texts = self.reflect([reflection_prompt(s.obs, s.env.action_head, s.env.analyze_instruction,
+        texts = self.reflect([reflection_prompt(s.obs, s.env.action_head, s.env.instruction(s.env.text_layout),
                                                 s.env.text_layout) for s in ask], seed)
         for slot, text in zip(ask, texts):
             slot.reflection = text

@@ -29,7 +29,7 @@ SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 
 def sft_texts(obs: str, env_cls, label: str, reflection: str, layout: str = "ours") -> tuple[str, str, str]:
     """The three SFT texts of one state, in the order of :data:`SFT_FILES`, in the text ``layout``."""
-    head, instruction = env_cls.action_head, env_cls.analyze_instruction
+    head, instruction = env_cls.action_head, env_cls.instruction(layout)
     return (
         policy_sft_text(obs, head, label),
         reflection_sft_text(obs, head, reflection, instruction=instruction, layout=layout),

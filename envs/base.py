@@ -99,6 +99,7 @@ class TextEnv(gymnasium.Env):
     metadata = {"render_modes": ["ansi"]}
     action_head: str = "The actions you can take now is:"
     analyze_instruction: str = ""
+    paper_instructs: bool = False  # does the paper's code give its reflector an instruction (Taxi only)?
     default_horizon: int = 20
     shuffle_within_shown: bool = False
 
@@ -154,6 +155,11 @@ class TextEnv(gymnasium.Env):
 
     def _success(self) -> bool:
         raise NotImplementedError
+
+    @classmethod
+    def instruction(cls, layout: str) -> str:
+        """The reflector's instruction in the text ``layout``: ours, or none where the paper's code gives none."""
+        return cls.analyze_instruction if layout != "paper" or cls.paper_instructs else ""
 
     # --- the gymnasium API -----------------------------------------------------------
 

@@ -75,6 +75,7 @@ class DangerousTaxiEnv(TextEnv):
         "and say which direction to go next.\n"
     )
     default_horizon = 20
+    paper_instructs = True
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False, curriculum: str = PLAIN,
                  with_prompt: bool = False, with_history: bool = False, first_step: bool = False,

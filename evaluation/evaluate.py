@@ -134,9 +134,15 @@ def summarise(episodes) -> dict:
     return {**{level: figures(group) for level, group in sorted(levels.items())}, "all": figures(episodes)}
 
 
-def markdown_table(results: list[dict]) -> str:
+def success_name(args) -> str:
+    """What an episode's 'success' measures: under --oracle_completion, an optimal first decision (the
+    oracle solves almost every played-out episode), not a solved task."""
+    return "optimal 1st decision" if getattr(args, "oracle_completion", False) else "success"
+
+
+def markdown_table(results: list[dict], success: str = "success") -> str:
     levels = [level for level in results[0]["levels"] if level != "all"] + ["all"]
-    header = "| configuration | " + " | ".join(f"{level}: success (n) | {level}: cost" for level in levels) + " |"
+    header = "| configuration | " + " | ".join(f"{level}: {success} (n) | {level}: cost" for level in levels) + " |"
     rule = "|---|" + "---:|---:|" * len(levels)
     rows = []
     for result in results:
@@ -148,9 +154,9 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join([header, rule, *rows]) + "\n"
 
 
-def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "") -> str:
+def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "", success: str = "success") -> str:
     """Write ``results.json`` and ``results.md`` (the table under ``title``); return the table."""
-    table = markdown_table(results)
+    table = markdown_table(results, success)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (run_dir / "results.md").write_text(f"# {title}\n\n{table}{footer}", encoding="utf-8")
     return table
@@ -171,7 +177,7 @@ def run(args, eval_load_list: list[dict]) -> EvaluationRun:
     finally:
         for env in envs:
             env.close()
-    table = save_results(run_dir, results, f"Evaluation on {args.env}")
+    table = save_results(run_dir, results, f"Evaluation on {args.env}", success=success_name(args))
     print(f"\n[evaluate] {args.env}: {len(starts)} episodes per configuration; saved in {run_dir}\n\n{table}")
     return EvaluationRun(run_dir, results)
 

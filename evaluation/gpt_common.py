@@ -12,7 +12,7 @@ from pathlib import Path
 
 from data_gen.common import Journal, journal_name
 from envs import EnvPool, env_kwargs, make_env
-from evaluation.evaluate import save_results, summarise, test_episodes
+from evaluation.evaluate import save_results, success_name, summarise, test_episodes
 from evaluation.gpt_agent import api_instructions, as_episode, play_episode
 from rollout import EpisodeStart
 from utils import checkpoints
@@ -73,7 +73,7 @@ def _report(args, script: str, client, starts: list[EpisodeStart], played: list[
     tally = (f"{len(unusable)} of {answers} answers unusable ({empty} empty, {len(unusable) - empty} naming no "
              "listed action), each played as a wasted step")
     write_jsonl(Path(run_dir) / UNUSABLE_FILE, unusable)
-    table = save_results(run_dir, results, f"{name} on {args.env}", f"\n{tally}\n")
+    table = save_results(run_dir, results, f"{name} on {args.env}", f"\n{tally}\n", success_name(args))
     print(f"\n[{script}] {name} on {args.env}: {len(episodes)} episodes; {tally} (listed in "
           f"{Path(run_dir) / UNUSABLE_FILE}); saved in {run_dir}\n\n{table}\n{client.usage.summary()}")
     return 0

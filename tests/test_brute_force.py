@@ -12,7 +12,7 @@ from envs.base import rng_seed
 from envs.taxi import shortest_plan
 from experiment_args import parse_args
 
-LEVELS = {"pickup": 0, "dropoff": 1, "full": None}
+LEVELS = {"pickup": 0, "dropoff": 1, "plain": None}  # plain: no curriculum
 
 
 def _args(tmp_path, task, *extra):
@@ -41,7 +41,7 @@ def test_the_search_is_as_short_as_the_env_oracle(task):
 
 
 @pytest.mark.parametrize(
-    "task, extra", [("pickup", ()), ("dropoff", ("--shuffle_action",)), ("full", ("--with_history",))]
+    "task, extra", [("pickup", ()), ("dropoff", ("--shuffle_action",)), ("plain", ("--with_history",))]
 )
 def test_each_record_is_the_state_its_action_was_taken_in(tmp_path, task, extra):
     args = _args(tmp_path, task, "--num_episodes", "8", *extra)

@@ -132,3 +132,12 @@ def test_the_papers_history_lists_one_action_per_line():
     names = [name for name, _ in env._history]
     assert len(names) == 2 and set(names) <= set(ACTION_NAMES)
     assert "--- History ---\nActions taken so far, in order:\n" + "".join(f"{n}\n" for n in names) in obs
+
+
+def test_evaluation_names_the_played_out_bandits_figure_for_what_it_is():
+    from evaluation.evaluate import markdown_table, success_name
+
+    results = [{"name": "x", "levels": {"all": {"success": 0.5, "cost": 0.1, "episodes": 2}}}]
+    assert success_name(parse_args(["--env=taxi", "--oracle_completion"])) == "optimal 1st decision"
+    assert "all: optimal 1st decision (n)" in markdown_table(results, "optimal 1st decision")
+    assert success_name(parse_args(["--env=taxi", "--first_step"])) == "success"

@@ -54,6 +54,16 @@ def test_the_papers_layout():
         reflection_prompt(OBS, HEAD, layout="theirs")
 
 
+def test_the_paper_instructs_only_taxis_reflector():
+    from envs.alfworld import ALFWorldEnv
+    from envs.auto_explore import AutoExploreEnv
+    from envs.taxi import DangerousTaxiEnv
+
+    assert DangerousTaxiEnv.instruction("paper") == DangerousTaxiEnv.instruction("ours") != ""
+    assert ALFWorldEnv.instruction("paper") == "" and ALFWorldEnv.instruction("ours") != ""
+    assert AutoExploreEnv.instruction("paper") == AutoExploreEnv.instruction("ours") == ""
+
+
 def test_the_rollout_and_the_sft_texts_use_the_environments_layout(make_args, tiny_path):
     """A policy trained on SFT texts of one layout reads prompts of the same layout in RL."""
     import numpy as np

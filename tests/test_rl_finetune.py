@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 import rl_finetune
 from utils import checkpoints, metrics, models
 
-FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, first_step=True, per_device_eval_batch_size=4,
+FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, oracle_completion=True, per_device_eval_batch_size=4,
             per_device_train_batch_size=8, learning_rate=1e-3, replay_batch_size=2)
 
 
@@ -23,7 +23,7 @@ def _adapter(checkpoint):
 
 @pytest.mark.parametrize("trainer, extra", [("pg", {"baseline": "mean"}), ("pg", {"baseline": "critic"}),
                                             ("pg", {"baseline": "critic", "use_peft": False}),
-                                            ("ppo", {}), ("refuel", {"first_step": False, "horizon": 4})])
+                                            ("ppo", {}), ("refuel", {"oracle_completion": False, "horizon": 4})])
 def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     args = make_args(**{**FAST, **extra, "trainer": trainer, "max_steps": 3, "save_steps": 2})
     assert rl_finetune.main(args) == 0

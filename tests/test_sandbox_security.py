@@ -113,6 +113,7 @@ def sandbox_names(root) -> list[bytes]:
 
 def make_env(repo, **kwargs) -> AutoExploreEnv:
     task = {"question": "Where is target()?", "answer": "", "filename": TARGET, "root": str(repo)}
+    kwargs.setdefault("cost_rule", "outcome")  # the costs that tell a failed command apart
     return AutoExploreEnv(tasks=[task], **kwargs)
 
 

@@ -99,9 +99,10 @@ DEVIATIONS: tuple[Deviation, ...] = (
               "R, G, Y, B on their cells", "the letters name the depots the rules describe",
               "taxi_depot_letters", False),
     Deviation("prompt layout", "the analyze marker on the state's last line; with a reflection the policy's "
-              "prompt keeps the instruction at the top; Taxi's history: a lead sentence, then one action name "
-              "per line", "the marker on its own line; no instruction in the policy's prompt; 'Previous "
-              "actions: a, b'", "shorter prompts; `make demo`'s table was measured with them", "text_layout",
+              "prompt keeps the instruction at the top (Taxi's; ALFWorld's and AutoExplore's reflectors get "
+              "none); Taxi's history: a lead sentence, then one action name per line", "the marker on its own "
+              "line; no instruction in the policy's prompt; an instruction for ALFWorld's reflector too; "
+              "'Previous actions: a, b'", "shorter prompts; `make demo`'s table was measured with them", "text_layout",
               "paper"),
     Deviation("action lines", "'Action 0: move south'", "'0. Move south' (every environment)",
               "one format for all environments and label alphabets; the same information", status=KEPT),
