@@ -83,7 +83,8 @@ class Journal:
         work on a shared environment); ``work`` runs on up to ``workers`` threads. A result wrapped in
         :class:`Unfinished` is returned unwrapped but not journalled. ``status`` gives the progress bar's
         postfix (e.g. the LLM client's requests in flight). The first exception stops the run: items
-        not yet started are dropped, finished ones are journalled (in order), then it is raised."""
+        not yet started are dropped (unless it came from ``prepare``: then the items handed out before
+        it finish), finished ones are journalled (in order), then it is raised."""
         todo = [(key, payload) for key, payload in items if key not in self.done]
         if len(todo) < len(items):
             logger.info("%s: %d of %d items already done (%s)", desc, len(items) - len(todo), len(items), self.path)
@@ -127,14 +128,21 @@ class Journal:
                     if not finished and status is not None:
                         bar.set_postfix(status())
 
+            preparing = False
             try:
                 for key, payload in todo:
                     drain(window - 1)
-                    pending[pool.submit(work, prepare(payload) if prepare else payload)] = key
+                    preparing = True
+                    prepared = prepare(payload) if prepare else payload
+                    preparing = False
+                    pending[pool.submit(work, prepared)] = key
                 drain(0)
-            except BaseException:
-                # Keep what finished (in order), drop what has not started, then stop.
-                pool.shutdown(wait=True, cancel_futures=True)
+            except BaseException as error:
+                # Keep what finished (in order), then stop. Work already handed out still finishes when the
+                # failure was in preparing a later item (its own payload is ready; dropping it would depend
+                # on whether a thread had picked it up yet); otherwise what has not started is dropped.
+                keep_handed_out = preparing and isinstance(error, Exception)
+                pool.shutdown(wait=True, cancel_futures=not keep_handed_out)
                 settle({future for future in pending
                         if future.done() and not future.cancelled() and future.exception() is None})
                 raise

@@ -58,6 +58,28 @@ def test_a_failure_keeps_the_finished_prefix_and_stops(tmp_path):
     assert len(started) < 30  # items not yet started were dropped
 
 
+def test_a_failure_in_prepare_lets_the_items_handed_out_finish(tmp_path):
+    """An item prepared and handed to the pool finishes even if no thread had picked it up yet when
+    preparing a later one failed (before, whether it was kept depended on thread timing)."""
+    release = threading.Event()
+
+    def work(x):
+        if x < 2:
+            release.wait(5)  # both workers busy: item 2 waits in the queue
+        return x
+
+    def prepare(x):
+        if x == 3:
+            release.set()
+            raise RuntimeError("the environment broke")
+        return x
+
+    journal = Journal(tmp_path, "prepared")
+    with pytest.raises(RuntimeError, match="broke"):
+        journal.run([(str(i), i) for i in range(5)], work, "prepared", workers=2, prepare=prepare)
+    assert set(Journal(tmp_path, "prepared").done) == {"0", "1", "2"}
+
+
 def test_unfinished_results_are_used_but_not_journalled(tmp_path):
     journal = Journal(tmp_path, "partial")
     work = lambda x: Unfinished(-x, "no answer") if x % 2 else x  # noqa: E731
