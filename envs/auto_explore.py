@@ -422,6 +422,16 @@ def _held_out(args, env) -> list[tuple[dict, str]]:
     return [({"task": task}, f"depth {task_depth(task)}") for task in run_tasks(args)]
 
 
+def _validation(args, env) -> list[tuple[dict, str]]:
+    """Every task of ``--validation_task_file``; without it, those of ``--task_file`` (in RL, the training
+    tasks, at validation seeds), with a warning."""
+    if not args.validation_task_file:
+        logger.warning("the validation panel plays the tasks of --task_file %s (give --validation_task_file, "
+                       "e.g. the split's validate.json, for tasks apart from training's)", args.task_file)
+        return _held_out(args, env)
+    return [({"task": task}, f"depth {task_depth(task)}") for task in run_tasks(args, "validation_task_file")]
+
+
 def _play_options(args, rng) -> dict:
     """A task of ``--task_file``, or else a 'Find <file>' task in ``--repo_dir`` (default: data_gen/)."""
     if args.task_file:
@@ -441,12 +451,12 @@ API_INSTRUCTIONS = (
 
 SPEC = EnvSpec(
     name="auto_explore", make=AutoExploreEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
-    play_options=_play_options,
+    validation=_validation, play_options=_play_options,
     data_steps=("data_gen.auto_explore.collect_repos", "data_gen.auto_explore.filter_repo",
                 "data_gen.auto_explore.gen_task", "data_gen.auto_explore.filter_task",
                 "data_gen.auto_explore.reflection_negative", "data_gen.auto_explore.split_data",
                 "data_gen.auto_explore.gen_sft"),
-    own_flags=("easy", "sandbox_dir"),
+    own_flags=("easy", "sandbox_dir", "validation_task_file"),
     exclusive_flags=("depth_curriculum", "first_step", "oracle_completion", "few_data"),
     api_instructions=API_INSTRUCTIONS, api_evaluator="evaluation.auto_explore_gpt",
 )

@@ -51,7 +51,7 @@ def task_depth(task: dict) -> int:
     return target_depth(filename if isinstance(filename, str) else filename[0])
 
 
-def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> list[dict]:
+def load_tasks(path: str | os.PathLike | None, whole_records: bool = False, flag: str = "--task_file") -> list[dict]:
     """The tasks of an AutoExplore task file (``--task_file``): a JSON list of task dicts.
 
     Each task keeps only :data:`TASK_FIELDS` (trajectories and other extras dropped) and the
@@ -59,21 +59,21 @@ def load_tasks(path: str | os.PathLike | None, whole_records: bool = False) -> l
     records on) every field is kept and an empty list is accepted.
     """
     if not path:
-        raise ValueError("--task_file: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
+        raise ValueError(f"{flag}: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
                          "train.json)")
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"--task_file: no such file {str(file)!r}")
+        raise ValueError(f"{flag}: no such file {str(file)!r}")
     try:
         records = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"--task_file: {file} is not valid JSON ({error})") from None
+        raise ValueError(f"{flag}: {file} is not valid JSON ({error})") from None
     if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
-        raise ValueError(f"--task_file: {file} must hold a JSON list of task objects")
+        raise ValueError(f"{flag}: {file} must hold a JSON list of task objects")
     if whole_records:
         return records
     if not records:
-        raise ValueError(f"--task_file: {file} holds no task")
+        raise ValueError(f"{flag}: {file} holds no task")
     return [task_fields(record) for record in records]
 
 
@@ -82,42 +82,44 @@ def task_fields(record: dict) -> dict:
     return {key: record[key] for key in TASK_FIELDS if key in record}
 
 
-def run_tasks(args) -> list[dict]:
-    """The tasks RL and evaluation play: those of ``--task_file``, with ``--auto_explore_targets``; without
-    ``--easy``, those with an empty question are left out (the paper's code).
+def run_tasks(args, flag: str = "task_file") -> list[dict]:
+    """The tasks RL and evaluation play: those of ``--task_file`` (or of the file flag ``flag`` names, e.g.
+    ``validation_task_file``), with ``--auto_explore_targets``; without ``--easy``, those with an empty
+    question are left out (the paper's code).
 
     ``writer`` (the paper's code): a task's targets are its file and every file the data writer identified
     in the task's trajectories; a task where the writer identified none is left out.
     """
-    tasks = _run_tasks(args)
+    path = getattr(args, flag)
+    tasks = _run_tasks(args, path, f"--{flag}")
     if args.easy:
         return tasks
     asked = [task for task in tasks if task.get("question") != ""]
     if not asked:
-        raise ValueError(f"--task_file {args.task_file}: every task has an empty question (give --easy to play "
-                         "them as 'Find <file>')")
+        raise ValueError(f"--{flag} {path}: every task has an empty question (give --easy to play them as "
+                         "'Find <file>')")
     if len(asked) < len(tasks):
         logger.info("%d tasks with an empty question left out (as the paper's code, without --easy)",
                     len(tasks) - len(asked))
     return asked
 
 
-def _run_tasks(args) -> list[dict]:
+def _run_tasks(args, path, file_flag: str) -> list[dict]:
     if args.auto_explore_targets == "task":
-        return load_tasks(args.task_file)
+        return load_tasks(path, flag=file_flag)
     flag = "--auto_explore_targets writer"
-    records = load_tasks(args.task_file, whole_records=True)
+    records = load_tasks(path, whole_records=True, flag=file_flag)
     if not any("trajectories" in record for record in records):
-        raise ValueError(f"{flag}: --task_file {args.task_file} holds no trajectories (give the output of "
+        raise ValueError(f"{flag}: {file_flag} {path} holds no trajectories (give the output of "
                          "reflection_negative or split_data)")
     tasks = []
     for record in records:
         found = [t["filename"] for t in record.get("trajectories", []) if isinstance(t, dict) and t.get("filename")]
         if found:
             own = task_targets(record["filename"])  # first, so that the task's depth stays its own file's
-            tasks.append(dict(task_fields(record), filename=own + [path for path in task_targets(found) if path not in own]))
+            tasks.append(dict(task_fields(record), filename=own + [t for t in task_targets(found) if t not in own]))
     if not tasks:
-        raise ValueError(f"{flag}: in --task_file {args.task_file} the writer identified no file in any task")
+        raise ValueError(f"{flag}: in {file_flag} {path} the writer identified no file in any task")
     logger.info("%s: %d of %d tasks kept (the others have no file the writer identified)", flag, len(tasks),
                 len(records))
     return tasks

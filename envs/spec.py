@@ -34,6 +34,8 @@ class EnvSpec:
       starts; a single level when no curriculum is on).
     * ``held_out(args, env)``: ``(reset options, level name)`` of each held-out unit (a curriculum
       level, a task, a problem); evaluation plays each from the held-out seeds, disjoint from training's.
+    * ``validation(args, env)``: the same for the RL validation panel (``--eval_steps``), played from
+      validation seeds, disjoint from the held-out and the training seeds; None: the held-out units.
     * ``play_options(args, rng)``: the reset options of one ``envs.play`` episode.
     * ``data_steps``: the modules of its data pipeline, in order.
     * ``own_flags``: flags that mean something for this environment alone (set for another, they
@@ -47,12 +49,17 @@ class EnvSpec:
     settings: Callable[..., dict]
     curriculum: Callable[[Any, int], Curriculum]
     held_out: Callable[[Any, TextEnv], list[tuple[dict, str]]]
+    validation: Callable[[Any, TextEnv], list[tuple[dict, str]]] | None = None
     play_options: Callable[[Any, np.random.Generator], dict] = _no_options
     data_steps: tuple[str, ...] = ()
     own_flags: tuple[str, ...] = ()
     exclusive_flags: tuple[str, ...] = ()
     api_instructions: str | None = None
     api_evaluator: str = "evaluation.evaluate_gpt"
+
+    def validation_units(self, args, env) -> list[tuple[dict, str]]:
+        """``(reset options, level name)`` of each unit of the RL validation panel."""
+        return (self.validation or self.held_out)(args, env)
 
     def kwargs(self, args, *, evaluation: bool = False, run_dir: Path | None = None, split: str | None = None,
                labels=None) -> dict:

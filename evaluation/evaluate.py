@@ -40,6 +40,10 @@ SCRIPT = "evaluate"
 # seeds below 2**31 - 1 (envs.base.rng_seed, rl_finetune.episode_starts), so no training
 # seed of any run is ever an evaluation seed.
 HELD_OUT_SEED = 2**31
+# The RL validation panel's seeds (--eval_steps) start here, far above any evaluation seed
+# (HELD_OUT_SEED + episode number): the episodes a run's choices are judged on are never the ones
+# its final table is measured on.
+VALIDATION_SEED = HELD_OUT_SEED + 2**30
 
 
 @dataclass
@@ -56,6 +60,13 @@ def test_episodes(args, env, reps: int) -> list[EpisodeStart]:
     units), each labelled with its level."""
     return [EpisodeStart(seed=HELD_OUT_SEED + i, options=options, level=level)
             for options, level in env_spec(args.env).held_out(args, env) for i in range(reps)]
+
+
+def validation_episodes(args, env, reps: int) -> list[EpisodeStart]:
+    """The fixed validation episodes of ``args.env``, ``reps`` per validation unit (its spec's
+    ``validation``), from seeds disjoint from :func:`test_episodes`' and from training's."""
+    return [EpisodeStart(seed=VALIDATION_SEED + i, options=options, level=level)
+            for options, level in env_spec(args.env).validation_units(args, env) for i in range(reps)]
 
 
 def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
@@ -99,18 +110,19 @@ def play_all(rollout: TwoPlayerRollout, envs, starts: list[EpisodeStart], rng, d
 
 
 class HeldOutPanel:
-    """A small fixed set of held-out episodes that RL plays every ``--eval_steps`` iterations.
+    """A small fixed set of validation episodes that RL plays every ``--eval_steps`` iterations.
 
-    The first ``--eval_panel`` test episodes of each level (those :func:`run` evaluates on,
-    so never trained on), on their own evaluation environments, with the same sampling
-    randomness every time: differences between two points of the curve come from the
-    policy, not from the draw.
+    ``--eval_panel`` :func:`validation_episodes` per level, task or problem: never trained on, and
+    never among the episodes :func:`run` reports (other seeds; AutoExplore: the tasks of
+    ``--validation_task_file``), on their own evaluation environments, with the same sampling
+    randomness every time: differences between two points of the curve come from the policy, not
+    from the draw. Choices (budgets, rates, early stopping) are made on this curve.
     """
 
     def __init__(self, args, run_dir: Path | None, labels=None):
         self.envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir, labels=labels))
                      for _ in range(args.per_device_eval_batch_size)]
-        self.starts = test_episodes(args, self.envs[0], args.eval_panel)
+        self.starts = validation_episodes(args, self.envs[0], args.eval_panel)
 
     def evaluate(self, rollout: TwoPlayerRollout) -> dict:
         episodes = play_all(rollout, self.envs, self.starts, np.random.default_rng(HELD_OUT_SEED))

@@ -179,3 +179,18 @@ def test_the_papers_sandbox_dir_flag_places_the_copies(repo, tmp_path):
     env.reset(seed=0)
     assert env.sandbox_root.startswith(str((tmp_path / "boxes").resolve()))
     env.close()
+
+
+def test_the_validation_panel_plays_the_validation_tasks(repo, tmp_path):
+    from evaluation.evaluate import test_episodes, validation_episodes
+
+    train, valid = tmp_path / "train.json", tmp_path / "validate.json"
+    train.write_text(json.dumps([_task(repo, question="train q")]))
+    valid.write_text(json.dumps([_task(repo, question="valid q")]))
+    args = parse_args(["--env=auto_explore", f"--task_file={train}", f"--validation_task_file={valid}"])
+    env = make_env("auto_explore", **env_kwargs(args, evaluation=True))
+    assert {s.options["task"]["question"] for s in validation_episodes(args, env, 2)} == {"valid q"}
+    assert {s.options["task"]["question"] for s in test_episodes(args, env, 2)} == {"train q"}
+    with pytest.raises(ValueError, match="--validation_task_file: no such file"):
+        validation_episodes(parse_args(["--env=auto_explore", f"--task_file={train}",
+                                        f"--validation_task_file={tmp_path / 'none.json'}"]), env, 1)

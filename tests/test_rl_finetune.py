@@ -213,7 +213,7 @@ def test_a_registered_learner_runs_through_the_loop(make_args, tmp_path, monkeyp
 
 
 def test_held_out_panel_is_fixed_and_separate_from_training(make_args, tmp_path):
-    from evaluation.evaluate import HELD_OUT_SEED, HeldOutPanel
+    from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED, HeldOutPanel, test_episodes
 
     args = make_args(**FAST, max_steps=4, save_steps=4, eval_steps=2, eval_panel=3)
     assert rl_finetune.main(args) == 0
@@ -223,9 +223,12 @@ def test_held_out_panel_is_fixed_and_separate_from_training(make_args, tmp_path)
     assert [("heldout_success" in r) for r in records] == [True, False, True, False, True]
     assert all(r["heldout_episodes"] == 3 for r in records if "heldout_success" in r)
     assert "success" not in records[0]  # step 0 is the panel before any update
-    # The panel's seeds are evaluation seeds: at or above every seed training can draw.
+    # The panel's seeds are validation seeds: above every seed training can draw, and apart from the
+    # final evaluation's (whose choices must not be made on the episodes it reports).
     panel = HeldOutPanel(args, None)
-    assert [s.seed for s in panel.starts] == [HELD_OUT_SEED, HELD_OUT_SEED + 1, HELD_OUT_SEED + 2]
+    assert [s.seed for s in panel.starts] == [VALIDATION_SEED, VALIDATION_SEED + 1, VALIDATION_SEED + 2]
+    evaluation = test_episodes(args, panel.envs[0], 10**6)
+    assert not {s.seed for s in panel.starts} & {s.seed for s in evaluation} and HELD_OUT_SEED < VALIDATION_SEED
     episodes = [json.loads(x) for x in (run / "checkpoint-4" / "episodes.jsonl").read_text().splitlines()]
     assert all(e["seed"] < 2**31 - 1 < HELD_OUT_SEED for e in episodes)
 

@@ -83,8 +83,12 @@ class EvalArguments(_Group):
 
     eval_reps: int = _arg(10, "Times each test task is run in evaluation.")
     eval_steps: int = _arg(
-        0, "RL: play a fixed held-out panel every this many iterations and log heldout_success (0: off).")
-    eval_panel: int = _arg(20, "RL: held-out panel episodes per level, task or problem (see --eval_steps).")
+        0, "RL: play a fixed validation panel (seeds and tasks apart from the final evaluation's) every this many "
+        "iterations and log heldout_success (0: off).")
+    eval_panel: int = _arg(20, "RL: validation panel episodes per level, task or problem (see --eval_steps).")
+    validation_task_file: str | None = _arg(
+        None, "AutoExplore RL: the tasks of the validation panel (--eval_steps), e.g. the split's validate.json; "
+        "without it the panel plays --task_file's tasks (the training tasks) at validation seeds, with a warning.")
     policy: Literal["oracle", "random", "human"] = _arg(
         "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).")
     runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
