@@ -1,32 +1,28 @@
-"""`make demo`: the paper's pipeline on DangerousTaxi (pickup), offline, on a CPU.
+"""`make demo` and the paper's other columns: the experiment runner, one recipe per column.
 
-    python demo.py                 # one training seed (0), as `make demo`
-    python demo.py --seed 2        # the whole pipeline with training seed 2
-    python demo.py --seeds 0 1 2   # every seed, then one table: each row's mean and range
+    python demo.py                        # Taxi pickup, training seed 0 (`make demo`)
+    python demo.py --seed 2               # the whole pipeline with training seed 2
+    python demo.py --seeds 0 1 2          # every seed, then one table: each row's mean and range
+    python demo.py --task auto_explore    # another column (recipes.RECIPES)
 
-Per training seed:
+A recipe (``recipes/``) holds a column's budget and its departures from the paper with their
+reasons. Per training seed the runner plays it the same way for every column:
 
-1. data: "oracle + random 0.5" Taxi episodes with reflections from the offline oracle
-   writer, each state labelled with the action taken (the paper's labels, ``--sft_label``;
-   the paper's random share is 0.9, see ``DATA_RANDOM_PROB``);
-2. SFT: the reflection model beside the policy that reads reflections and a policy without;
-3. RLFT three ways, Reflect-RL beside SFT+RLFT without reflection and RLFT only, each
-   playing a fixed held-out panel every ``PANEL_EVERY`` iterations (the curves' held-out
-   success);
-4. evaluation of those and of the SFT-only models on one fixed set of held-out episodes
-   (disjoint from every training seed's episodes, the same for every seed), and the
-   reflector's accuracy per step against the oracle;
+1. data: the recipe's data steps (offline writers);
+2. SFT of each model the recipe names (the reflector beside the policies);
+3. RLFT of each variant, each playing a fixed validation panel every few iterations (the curves);
+4. evaluation of every row on the recipe's fixed held-out episodes (disjoint from every training
+   seed's and from the validation panel's, the same for every seed), and the reflector's accuracy;
 5. a results table shaped like the paper's, and a plot of the RL curves.
 
 Independent stages run side by side in ``--workers`` processes (2), each stage's output in ``seed-N/logs/``.
 A seed that finished with the same settings is read back from its ``finished.json`` instead of run again,
 so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds.
 
-Everything lands in ``results/demo/`` (``--ckpt_path DIR``: ``DIR/demo/``): ``seed-N/`` per seed,
-and ``results.md`` over the seeds. The model is the offline ``tiny-gpt2``: random weights, trained in
-full here (``--no_use_peft``) because LoRA adapters over random weights learn too slowly for a CPU
-budget; on a real model the same commands use LoRA (see the README). Every setting that departs from
-the paper's is a constant below, with its reason.
+Everything lands in ``results/demo/`` (Taxi pickup) or ``results/demo/<task>/`` (``--ckpt_path DIR``:
+``DIR/demo/...``): ``seed-N/`` per seed, and ``results.md`` over the seeds. The model is the offline
+``tiny-gpt2``: random weights, trained in full (``--no_use_peft``) because LoRA adapters over random
+weights learn too slowly for a CPU budget; on a real model the same commands use LoRA (see the README).
 """
 
 import argparse
@@ -47,57 +43,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import data_gen.taxi.gen_sft
-import data_gen.taxi.reflection
-from envs import env_kwargs, make_env
-from envs.taxi import CURRICULA as TAXI_LEVELS
 from evaluation import evaluate
 from experiment_args import parse_args
-from utils import checkpoints, models
+from recipes import DEFAULT, RECIPES
+from recipes.base import Recipe
+from utils import checkpoints
 from utils.io import write_json
 from utils.paths import RESULTS_DIR
 from visualization import plot
 
-# --- the demo's budget (2 CPU cores, under 20 minutes) and where it departs from the paper --------
-DATA_EPISODES = 3000
-# "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
-# label carries almost no sign of the reflection's advice (0.25 against 0.15 for each other
-# action), which a randomly initialised model cannot pick up in a CPU budget; at 0.5 it can.
-DATA_RANDOM_PROB = 0.5
-SFT_STEPS = {"reflector": 1000, "policy": 600, "plain": 600}
-SFT_LEARNING_RATE = {"reflector": 2e-3, "policy": 1e-3, "plain": 1e-3}
-# The reflector's accuracy caps what following it can win: a decaying rate lifts it from about
-# 0.7 to about 0.9 at the same step count. The policies keep the paper's constant rate.
-SFT_SCHEDULE = {"reflector": "cosine", "policy": "constant", "plain": "constant"}
-RL_ITERATIONS = {"Reflect-RL": 120, "SFT+RLFT w/o reflection": 120, "RLFT only": 120}
-RL_BATCH = 16  # episodes per iteration, plus up to 8 replayed successes
-RL_REPLAY = 8
-RL_LEARNING_RATE = 1e-4
-# The paper's REINFORCE has no baseline; with a hundred iterations on a CPU, the variance a
-# batch-mean baseline removes decides whether RL improves at all.
-RL_BASELINE = "mean"
-RL_ENTROPY_COEF = 0.0  # the paper's: no entropy bonus
-# Greedy reflections (--top_k 1; the paper samples them at temperature 1): sampling costs a
-# small reflector a tenth of its accuracy. The policy still samples its action.
-REFLECT_TOP_K = 1
-EVAL_EPISODES = 200
-EVAL_SEED = 0  # sampling randomness of the final evaluation: the same for every training seed
-PANEL_EVERY, PANEL_EPISODES = 20, 40  # the held-out curve: 40 fixed episodes every 20 iterations
-ACCURACY_EPISODES = 50  # held-out episodes on which the reflector's advice is checked against the oracle
 SEED = 0
-# Pickup takes at most 9 moves. With the default horizon of 20, running out of time costs
-# 1.0 and crashing only 0.5, so RL learns to crash early; at 10 both cost 0.5.
-HORIZON = 10
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
-LEVEL = 0  # pickup
-# The first pickup's reward of the README table's runs: +20 on top of the move's -1 (0.95); the paper's
-# environment (the default now) pays 1.0 instead (README, "Parity with the paper's code").
-PICKUP_REWARD = "add"
-TASK = ["--env=taxi", "--taxi_curriculum", f"--curriculum_index={LEVEL}", f"--horizon={HORIZON}",
-        f"--pickup_reward={PICKUP_REWARD}"]
-ROWS = ("SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "Reflect-RL")
-FINISHED = "finished.json"  # in a seed's folder: its results and the budget they were made with
-SFT_ROLES = {"reflector": "sft_reflection.jsonl", "policy": "sft_policy.jsonl", "plain": "sft.jsonl"}
+FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
 
 
 def say(message: str) -> None:
@@ -189,6 +146,7 @@ def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, floa
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="demo.py", description=__doc__.split("\n\n")[0])
+    cli.add_argument("--task", default=DEFAULT, choices=sorted(RECIPES), help="the column of the paper's table")
     cli.add_argument("--seed", type=int, default=SEED, help="training seed of the whole pipeline")
     cli.add_argument("--seeds", type=int, nargs="+", help="several training seeds, one table over them")
     cli.add_argument("--ckpt_path", default=str(RESULTS_DIR), help="results go to CKPT_PATH/demo/")
@@ -200,44 +158,39 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--seeds: each seed once, got {seeds}")
     if options.workers < 1:
         cli.error(f"--workers: at least 1, got {options.workers}")
+    recipe = RECIPES[options.task]
     root = Path(options.ckpt_path) / "demo"
-    runs = {seed: finished_or_run(seed, root / f"seed-{seed}", options.workers) for seed in seeds}
-    report = seeds_report(runs)
+    root = root if recipe.name == DEFAULT else root / recipe.name
+    runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers) for seed in seeds}
+    report = seeds_report(recipe, runs)
     (root / "results.md").write_text(report, encoding="utf-8")
     (root / "results.json").write_text(json.dumps({str(s): r for s, r in runs.items()}, indent=2) + "\n")
     say(f"results over seeds {seeds} ({root / 'results.md'}):\n\n{report}")
     return 0
 
 
-def budget() -> dict:
-    """Every setting of the demo's pipeline: a seed's finished results are reused only under the same."""
-    names = ("DATA_EPISODES", "DATA_RANDOM_PROB", "SFT_STEPS", "SFT_LEARNING_RATE", "SFT_SCHEDULE", "RL_ITERATIONS",
-             "RL_BATCH", "RL_REPLAY", "RL_LEARNING_RATE", "RL_BASELINE", "RL_ENTROPY_COEF", "REFLECT_TOP_K",
-             "EVAL_EPISODES", "EVAL_SEED", "PANEL_EVERY", "PANEL_EPISODES", "ACCURACY_EPISODES", "HORIZON")
-    return {name: globals()[name] for name in names}
-
-
-def finished_or_run(seed: int, folder: Path, workers: int) -> dict:
+def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int) -> dict:
     """A seed's results: read back from ``folder/finished.json`` if an earlier run of the same
-    budget finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run."""
+    settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run."""
     done = folder / FINISHED
+    settings = json.loads(json.dumps(recipe.settings()))
     if done.is_file():
         saved = json.loads(done.read_text(encoding="utf-8"))
-        if saved["budget"] == json.loads(json.dumps(budget())):
+        if saved.get("settings") == settings:
             say(f"seed {seed}: finished earlier with the same settings, results read from {done}")
             return saved["run"]
         say(f"seed {seed}: {done} was made with other settings; running the seed again")
     if folder.exists():
         shutil.rmtree(folder)  # a half-finished or outdated seed starts clean: no stale runs mix in
-    run = run_seed(seed, folder, workers)
-    write_json(done, {"budget": budget(), "run": run})
+    run = run_seed(recipe, seed, folder, workers)
+    write_json(done, {"settings": settings, "run": run})
     return run
 
 
-def run_seed(seed: int, folder: Path, workers: int = WORKERS) -> dict:
-    """The whole pipeline with training seed ``seed``; its report in ``folder/results.md``."""
+def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) -> dict:
+    """The whole pipeline of ``recipe`` with training seed ``seed``; its report in ``folder/results.md``."""
     data, runs, logs = folder / "data", folder / "runs", folder / "logs"
-    model = ["--model_name=tiny-gpt2", "--no_use_peft"]
+    budget, model = recipe.budget, list(recipe.model)
     timings: dict[str, float] = {}
     started = time.time()
 
@@ -249,77 +202,81 @@ def run_seed(seed: int, folder: Path, workers: int = WORKERS) -> dict:
         say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
 
     # --- 1. data
-    timed("data generation (oracle writer)", lambda: (
-        call(data_gen.taxi.reflection.main, [*TASK, "--api=oracle", f"--num_episodes={DATA_EPISODES}",
-                                             f"--random_prob={DATA_RANDOM_PROB}", f"--output_dir={data}",
-                                             f"--seed={seed}"]),
-        call(data_gen.taxi.gen_sft.main, ["--env=taxi", "--model_name=tiny-gpt2",
-                                          f"--task_file={data / 'data_reflection.json'}"]),
-    ))
+    timed("data generation (oracle writer)", lambda: [call(main, argv) for main, argv in recipe.data(recipe, seed, data)])
 
-    # --- 2. SFT, the reflector beside the two policies
+    # --- 2. SFT, the reflector beside the policies
     def sft_stage(role: str) -> Stage:
-        return Stage(f"SFT of the {role} ({SFT_ROLES[role]})", "supervised_pretrain", [
-            *model, f"--ckpt_path={runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / SFT_ROLES[role]}",
-            f"--max_steps={SFT_STEPS[role]}", f"--save_steps={SFT_STEPS[role]}", "--logging_steps=50",
-            "--per_device_train_batch_size=16", f"--learning_rate={SFT_LEARNING_RATE[role]}",
-            f"--lr_scheduler_type={SFT_SCHEDULE[role]}"], logs / f"sft-{role}.log")
+        spec = recipe.sft[role]
+        return Stage(f"SFT of the {role} ({spec.file})", "supervised_pretrain", [
+            *model, f"--ckpt_path={runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
+            f"--max_steps={spec.steps}", f"--save_steps={spec.steps}", *recipe.sft_flags,
+            f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}"], logs / f"sft-{role}.log")
 
     tic = time.time()
-    timings.update(run_side_by_side([[sft_stage("reflector")], [sft_stage("policy"), sft_stage("plain")]], workers))
+    timings.update(run_side_by_side([[sft_stage(role) for role in stream] for stream in recipe.sft_streams], workers))
     timings["SFT (wall)"] = time.time() - tic
-    sft_dirs = {role: latest_run(runs / f"sft-{role}", "supervised_pretrain") / f"checkpoint-{SFT_STEPS[role]}"
-                for role in SFT_ROLES}
+    sft_dirs = {role: latest_run(runs / f"sft-{role}", "supervised_pretrain") / f"checkpoint-{spec.steps}"
+                for role, spec in recipe.sft.items()}
 
-    # --- 3. RLFT three ways, Reflect-RL beside the two without reflection
-    rl_common = [*model, *TASK, f"--seed={seed}", "--shrink_head", f"--per_device_eval_batch_size={RL_BATCH}",
-                 f"--replay_batch_size={RL_REPLAY}", "--per_device_train_batch_size=32",
-                 f"--learning_rate={RL_LEARNING_RATE}", f"--baseline={RL_BASELINE}",
-                 f"--entropy_coef={RL_ENTROPY_COEF}", f"--eval_steps={PANEL_EVERY}", f"--eval_panel={PANEL_EPISODES}"]
-    variants = {
-        "Reflect-RL": [f"--load_dir={sft_dirs['policy']}", f"--reflect_load_dir={sft_dirs['reflector']}",
-                       f"--top_k={REFLECT_TOP_K}"],
-        "SFT+RLFT w/o reflection": [f"--load_dir={sft_dirs['plain']}"],
-        "RLFT only": [],
-    }
-    rl_runs = {name: runs / f"rl-{slug(name)}" for name in variants}
+    # --- 3. RLFT, each variant playing the validation panel
+    rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
+                 f"--per_device_eval_batch_size={budget['rl_batch']}", f"--replay_batch_size={budget['rl_replay']}",
+                 f"--per_device_train_batch_size={budget['rl_train_batch']}",
+                 f"--learning_rate={budget['rl_learning_rate']}", f"--baseline={budget['rl_baseline']}",
+                 f"--entropy_coef={budget['rl_entropy_coef']}", f"--eval_steps={budget['panel_every']}",
+                 f"--eval_panel={budget['panel_episodes']}"]
+    rl_runs = {name: runs / f"rl-{slug(name)}" for name in recipe.rl}
 
     def rl_stage(name: str) -> Stage:
-        steps = RL_ITERATIONS[name]
-        return Stage(f"RLFT: {name}", "rl_finetune", [*rl_common, *variants[name], f"--ckpt_path={rl_runs[name]}",
-                                                        f"--max_steps={steps}", f"--save_steps={steps}"],
+        variant = recipe.rl[name]
+        starts = [f"--load_dir={sft_dirs[variant.policy]}"] if variant.policy else []
+        if variant.reflector:
+            starts += [f"--reflect_load_dir={sft_dirs[variant.reflector]}", f"--top_k={budget['reflect_top_k']}"]
+        return Stage(f"RLFT: {name}", "rl_finetune", [*rl_common, *starts, f"--ckpt_path={rl_runs[name]}",
+                                                        f"--max_steps={variant.iterations}",
+                                                        f"--save_steps={variant.iterations}"],
                      logs / f"rl-{slug(name)}.log")
 
     tic = time.time()
-    timings.update(run_side_by_side([[rl_stage("Reflect-RL")], [rl_stage("SFT+RLFT w/o reflection"), rl_stage("RLFT only")]],
-                                    workers))
+    timings.update(run_side_by_side([[rl_stage(name) for name in stream] for stream in recipe.rl_streams], workers))
     timings["RLFT (wall)"] = time.time() - tic
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
 
     # --- 4. evaluation on the fixed held-out episodes
-    configs = [
-        {"name": ROWS[0], "load_dir": str(sft_dirs["plain"])},
-        {"name": ROWS[1], "load_dir": str(sft_dirs["policy"]), "reflect_load_dir": str(sft_dirs["reflector"])},
-        {"name": ROWS[2], "load_dir": str(rl[ROWS[2]] / f"checkpoint-{RL_ITERATIONS[ROWS[2]]}")},
-        {"name": ROWS[3], "load_dir": str(rl[ROWS[3]] / f"checkpoint-{RL_ITERATIONS[ROWS[3]]}")},
-        {"name": ROWS[4], "load_dir": str(rl[ROWS[4]] / f"checkpoint-{RL_ITERATIONS[ROWS[4]]}"),
-         "reflect_load_dir": str(sft_dirs["reflector"])},
-    ]
-    eval_args = parse_args([*model, f"--ckpt_path={runs}", *TASK, f"--seed={EVAL_SEED}", "--shrink_head",
-                            f"--eval_reps={EVAL_EPISODES}", "--per_device_eval_batch_size=50",
-                            f"--top_k={REFLECT_TOP_K}"])
-    results: list[dict] = []
+    def policy_dir(row) -> Path:
+        kind, _, source = row.policy.partition(":")
+        return sft_dirs[source] if kind == "sft" else rl[source] / f"checkpoint-{recipe.rl[source].iterations}"
+
+    configs = [{"name": row.name, "load_dir": str(policy_dir(row)),
+                **({"reflect_load_dir": str(sft_dirs[row.reflector])} if row.reflector else {})} for row in recipe.rows]
+    eval_common = [*model, f"--ckpt_path={runs}", *recipe.task, f"--seed={budget['eval_seed']}", "--shrink_head",
+                   f"--eval_reps={budget['eval_episodes']}", f"--per_device_eval_batch_size={budget['eval_batch']}",
+                   f"--top_k={budget['reflect_top_k']}"]
+    results = [dict(config, levels={}) for config in configs]
     accuracy: dict[str, list] = {}
-    timed("evaluation", lambda: results.extend(evaluate.run(eval_args, configs).results))
-    timed("reflector accuracy", lambda: accuracy.update(reflector_accuracy(eval_args, configs[1])))
+    for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
+        eval_args = parse_args([*eval_common, *evaluation.flags(data)])
+        prefix = "" if index == 0 else f"{name}: "
+
+        def evaluate_all(eval_args=eval_args, prefix=prefix) -> None:
+            for row, result in zip(results, evaluate.run(eval_args, configs).results):
+                row["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
+
+        timed("evaluation" if index == 0 else f"evaluation ({name})", evaluate_all)
+        if index == 0 and recipe.accuracy is not None:
+            reading = next(config for config, row in zip(configs, recipe.rows) if row.policy.startswith("sft:")
+                           and row.reflector)
+            timed("reflector accuracy", lambda eval_args=eval_args, reading=reading: accuracy.update(
+                recipe.accuracy(recipe, eval_args, reading)))
 
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",
-                       title=f"DangerousTaxi pickup, tiny-gpt2 (offline demo, seed {seed})")
+                       title=f"{recipe.title}, tiny-gpt2 (offline demo, seed {seed})")
     total = time.time() - started
-    report = (f"# Reflect-RL demo: DangerousTaxi pickup, tiny-gpt2, offline, training seed {seed}\n\n"
-              f"{paper_table(results)}\n{EVAL_EPISODES} held-out episodes per row (the same for every row and "
-              f"seed); actions sampled at temperature 1, reflections greedy.\n\n{accuracy_table(accuracy)}\n"
+    report = (f"# Reflect-RL demo: {recipe.title}, tiny-gpt2, offline, training seed {seed}\n\n"
+              f"{paper_table(recipe, results)}\n{budget['eval_episodes']} held-out episodes per row (the same for "
+              f"every row and seed); actions sampled at temperature 1, reflections greedy.\n\n"
+              f"{accuracy_table(accuracy) if accuracy else ''}\n"
               f"Training curves: {curves}\n\n"
               f"Wall time: {total / 60:.1f} min (" + ", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()) + ")\n")
     (folder / "results.md").write_text(report, encoding="utf-8")
@@ -330,27 +287,6 @@ def run_seed(seed: int, folder: Path, workers: int = WORKERS) -> dict:
 def slug(name: str) -> str:
     """A folder name for a table row: 'SFT+RLFT w/o reflection' -> 'sft-rlft-w-o-reflection'."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def reflector_accuracy(eval_args, config: dict) -> dict[str, list]:
-    """How often the SFT reflector advises the oracle's move, per step of held-out episodes."""
-    labels = models.policy_labels(eval_args)
-    envs = [make_env("taxi", **env_kwargs(eval_args, evaluation=True, labels=labels))
-            for _ in range(eval_args.per_device_eval_batch_size)]
-    try:
-        starts = evaluate.test_episodes(eval_args, envs[0], ACCURACY_EPISODES)
-        episodes = evaluate.evaluate_config(eval_args, config, envs, starts)
-    finally:
-        for env in envs:
-            env.close()
-    right: dict[int, list[bool]] = {}
-    for episode in episodes:
-        for step, decision in enumerate(episode.decisions):
-            oracle = re.search(rf"^{re.escape(labels[decision.oracle])}\. (.+)$", decision.obs, re.M).group(1)
-            right.setdefault(step, []).append(data_gen.taxi.reflection.advised_command(decision.reflection) == oracle)
-    every = [ok for oks in right.values() for ok in oks]
-    return {"steps": [[step, float(np.mean(oks)), len(oks)] for step, oks in sorted(right.items())],
-            "all": [float(np.mean(every)), len(every)]}
 
 
 def accuracy_table(accuracy: dict[str, list]) -> str:
@@ -368,31 +304,63 @@ def interval(p: float, n: int) -> float:
     return 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
-def paper_table(results: list[dict]) -> str:
-    lines = ["| model / method | Taxi pickup success (± 95% interval) | avg cost | episodes |", "|---|---:|---:|---:|"]
+def columns(recipe: Recipe) -> list[tuple[str, str]]:
+    """(result level, column name) of every column of the recipe's table, the main evaluation's first."""
+    out = []
+    for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
+        prefix = "" if index == 0 else f"{name}: "
+        out += [(prefix + level, prefix + title) for level, title in evaluation.columns]
+    return out
+
+
+def paper_table(recipe: Recipe, results: list[dict]) -> str:
+    if len(columns(recipe)) == 1:
+        ((level, title),) = columns(recipe)
+        lines = [f"| model / method | {title} success (± 95% interval) | avg cost | episodes |", "|---|---:|---:|---:|"]
+        for result in results:
+            figure = result["levels"][level]
+            p, n = figure["success"], figure["episodes"]
+            lines.append(f"| {result['name']} | {100 * p:.1f}% ± {100 * interval(p, n):.1f} | {figure['cost']:.3f} | {n} |")
+        return "\n".join(lines) + "\n"
+    lines = ["| model / method | " + " | ".join(f"{title} (± 95%, episodes)" for _, title in columns(recipe)) + " |",
+             "|---|" + "---:|" * len(columns(recipe))]
     for result in results:
-        figure = result["levels"][TAXI_LEVELS[LEVEL]]
-        p, n = figure["success"], figure["episodes"]
-        lines.append(f"| {result['name']} | {100 * p:.1f}% ± {100 * interval(p, n):.1f} | {figure['cost']:.3f} | {n} |")
+        cells = []
+        for level, _ in columns(recipe):
+            figure = result["levels"].get(level)
+            if figure is None:
+                cells.append("–")
+                continue
+            p, n = figure["success"], figure["episodes"]
+            cells.append(f"{100 * p:.1f}% ± {100 * interval(p, n):.1f} ({n})")
+        lines.append(f"| {result['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def seeds_report(runs: dict[int, dict]) -> str:
-    """Each row's success per seed, its mean and range, then every seed's own table."""
+def seeds_report(recipe: Recipe, runs: dict[int, dict]) -> str:
+    """Each row's success per seed, its mean and range (per column), then every seed's own table."""
     seeds = list(runs)
-    success = {row: [] for row in ROWS}
-    for run in runs.values():
-        for result in run["results"]:
-            success[result["name"]].append(100 * result["levels"][TAXI_LEVELS[LEVEL]]["success"])
-    lines = [f"# Reflect-RL demo over training seeds {', '.join(map(str, seeds))}: DangerousTaxi pickup, tiny-gpt2", "",
-             "| model / method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | range |",
-             "|---|" + "---:|" * (len(seeds) + 2)]
-    for row, values in success.items():
-        cells = " | ".join(f"{v:.1f}%" for v in values)
-        lines.append(f"| {row} | {cells} | {np.mean(values):.1f}% | {min(values):.1f}–{max(values):.1f} |")
-    per_seed = "\n".join(f"## Seed {s}\n\n{paper_table(run['results'])}\n{accuracy_table(run['reflector_accuracy'])}"
+    lines = [f"# Reflect-RL demo over training seeds {', '.join(map(str, seeds))}: {recipe.title}, tiny-gpt2", ""]
+    for level, title in columns(recipe):
+        success = {row.name: [] for row in recipe.rows}
+        for run in runs.values():
+            for result in run["results"]:
+                if level in result["levels"]:
+                    success[result["name"]].append(100 * result["levels"][level]["success"])
+        if len(columns(recipe)) > 1:
+            lines += [f"## {title}", ""]
+        lines += ["| model / method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | range |",
+                  "|---|" + "---:|" * (len(seeds) + 2)]
+        for row, values in success.items():
+            if values:
+                cells = " | ".join(f"{v:.1f}%" for v in values)
+                lines.append(f"| {row} | {cells} | {np.mean(values):.1f}% | {min(values):.1f}–{max(values):.1f} |")
+        lines.append("")
+    per_seed = "\n".join(f"## Seed {s}\n\n{paper_table(recipe, run['results'])}\n"
+                         f"{accuracy_table(run['reflector_accuracy']) if run['reflector_accuracy'] else ''}"
                          for s, run in runs.items())
-    return "\n".join(lines) + f"\n\n{EVAL_EPISODES} held-out episodes per row and seed (one fixed set).\n\n{per_seed}"
+    return "\n".join(lines) + (f"\n{recipe.budget['eval_episodes']} held-out episodes per row and seed "
+                               f"(one fixed set).\n\n{per_seed}")
 
 
 if __name__ == "__main__":

@@ -80,3 +80,23 @@ def test_question_topic():
     assert question_topic("Which document has a section titled 'Usage'?") == "'Usage'"
     assert question_topic("Where is the function that loads a table?") == "the function that loads a table"
     assert question_topic("How do I  set the level?") == '"How do I set the level"'
+
+
+def test_split_data_holds_a_repository_out(tmp_path):
+    import json
+
+    from data_gen.auto_explore import split_data
+    from experiment_args import ScriptArguments
+
+    tasks = [{"question": f"q{i}", "filename": "a.py", "root": repo, "n_level": 0}
+             for i, repo in enumerate(["alpha"] * 10 + ["beta"] * 4)]
+    task_file = tmp_path / "data.json"
+    task_file.write_text(json.dumps(tasks))
+    args = ScriptArguments(task_file=str(task_file), holdout_repo="beta", seed=0)
+    assert split_data.main(args) == 0
+    held = json.loads((tmp_path / "holdout.json").read_text())
+    assert len(held) == 4 and {t["root"] for t in held} == {"beta"}
+    rest = [t for name in ("train", "validate", "test") for t in json.loads((tmp_path / f"{name}.json").read_text())]
+    assert len(rest) == 10 and {t["root"] for t in rest} == {"alpha"}
+    with pytest.raises(ValueError, match="--holdout_repo 'gamma'.*alpha, beta"):
+        split_data.main(ScriptArguments(task_file=str(task_file), holdout_repo="gamma"))

@@ -2,24 +2,34 @@
 and the seed plumbing holds (same seed, same table; another seed, other training episodes but
 the same evaluation episodes)."""
 
+import dataclasses
 import json
 
 import pytest
 
+import data_gen.taxi.reflection
 import demo
 from evaluation import evaluate
+from recipes import RECIPES
+from recipes.taxi_pickup import RECIPE as TAXI
 from utils.checkpoints import run_dirs
+
+ROWS = [row.name for row in TAXI.rows]
+
+
+def scaled(recipe, sft_steps: dict, iterations: int, **budget):
+    """``recipe`` with a tiny budget: its pipeline and tables unchanged."""
+    return dataclasses.replace(
+        recipe, sft={role: dataclasses.replace(spec, steps=sft_steps[role]) for role, spec in recipe.sft.items()},
+        rl={name: dataclasses.replace(variant, iterations=iterations) for name, variant in recipe.rl.items()},
+        budget=dict(recipe.budget, **budget))
 
 
 @pytest.fixture
 def small(monkeypatch):
-    monkeypatch.setattr(demo, "DATA_EPISODES", 20)
-    monkeypatch.setattr(demo, "SFT_STEPS", {"reflector": 4, "policy": 2, "plain": 2})
-    monkeypatch.setattr(demo, "RL_ITERATIONS", {"Reflect-RL": 2, "SFT+RLFT w/o reflection": 2, "RLFT only": 2})
-    monkeypatch.setattr(demo, "EVAL_EPISODES", 4)
-    monkeypatch.setattr(demo, "PANEL_EVERY", 1)
-    monkeypatch.setattr(demo, "PANEL_EPISODES", 2)
-    monkeypatch.setattr(demo, "ACCURACY_EPISODES", 2)
+    recipe = scaled(TAXI, {"reflector": 4, "policy": 2, "plain": 2}, 2, eval_episodes=4, panel_every=1,
+                    panel_episodes=2, accuracy_episodes=2)
+    monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(recipe, extra=dict(TAXI.extra, data_episodes=20)))
     evaluated = []
     real = evaluate.test_episodes
 
@@ -52,12 +62,12 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     report = (root / "results.md").read_text()
     summary = [line for line in report.splitlines() if line.startswith("| ") and " | mean | " not in line
                and "%" in line and "±" not in line]
-    assert [row.split(" | ")[0][2:] for row in summary] == list(demo.ROWS)
+    assert [row.split(" | ")[0][2:] for row in summary] == ROWS
     for seed in (0, 1):
         folder = root / f"seed-{seed}"
         seed_report = (folder / "results.md").read_text()
         rows = [line for line in seed_report.splitlines() if line.startswith("| ") and "% ± " in line]
-        assert [row.split(" | ")[0][2:] for row in rows] == list(demo.ROWS)
+        assert [row.split(" | ")[0][2:] for row in rows] == ROWS
         assert all(row.rstrip(" |").endswith("| 4") for row in rows)  # every row: the same 4 episodes
         assert "| accuracy | " in seed_report
         assert (folder / "rl_curves.png").stat().st_size > 10_000
@@ -70,9 +80,9 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
                         "sft-plain.log", "sft-policy.log", "sft-reflector.log"]
         assert "trained 2 steps" in (folder / "logs" / "sft-policy.log").read_text()
         settings = (_rl_runs(folder)[0] / "setting.yml").read_text()  # Reflect-RL reflects greedily
-        assert f"top_k: {demo.REFLECT_TOP_K}" in settings and "reflect_load_dir: " in settings
+        assert f"top_k: {TAXI.budget['reflect_top_k']}" in settings and "reflect_load_dir: " in settings
     results = json.loads((root / "results.json").read_text())
-    assert [r["name"] for r in results["0"]["results"]] == list(demo.ROWS)
+    assert [r["name"] for r in results["0"]["results"]] == ROWS
     assert set(results["0"]["timings"]) >= {"data generation (oracle writer)", "evaluation", "reflector accuracy"}
 
     # other seeds: other training episodes; every evaluation (final, panels, accuracy) on the same episodes
@@ -105,7 +115,8 @@ def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, 
 
     ran = []
     monkeypatch.setattr(demo, "run_seed", lambda *args, **kwargs: ran.append(args) or real_run_seed(*args, **kwargs))
-    monkeypatch.setattr(demo, "EVAL_EPISODES", 2)  # another budget: the seed is run again, from a clean folder
+    recipe = RECIPES[TAXI.name]  # another budget: the seed is run again, from a clean folder
+    monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(recipe, budget=dict(recipe.budget, eval_episodes=2)))
     (tmp_path / "demo" / "seed-0" / "stale.txt").write_text("left over")
     assert demo.main([f"--ckpt_path={tmp_path}", "--seeds", "0"]) == 0
     assert len(ran) == 1 and not (tmp_path / "demo" / "seed-0" / "stale.txt").exists()
@@ -138,7 +149,7 @@ def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):
     def stage(seed: int) -> demo.Stage:
         out = tmp_path / f"data-{seed}"
         return demo.Stage(f"data {seed}", "data_gen.taxi.reflection",
-                          [*demo.TASK, "--api=oracle", "--num_episodes=3", f"--output_dir={out}", f"--seed={seed}"],
+                          [*TAXI.task, "--api=oracle", "--num_episodes=3", f"--output_dir={out}", f"--seed={seed}"],
                           tmp_path / "logs" / f"data-{seed}.log")
 
     seconds = demo.run_side_by_side([[stage(0)], [stage(1), stage(2)]], workers)
@@ -146,5 +157,5 @@ def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):
     for seed in range(3):
         assert "[taxi.reflection] episodes: 3" in (tmp_path / "logs" / f"data-{seed}.log").read_text()
         alone = tmp_path / f"alone-{seed}"
-        demo.call(demo.data_gen.taxi.reflection.main, [*stage(seed).argv[:-2], f"--output_dir={alone}", f"--seed={seed}"])
+        demo.call(data_gen.taxi.reflection.main, [*stage(seed).argv[:-2], f"--output_dir={alone}", f"--seed={seed}"])
         assert (alone / "data_reflection.json").read_bytes() == (tmp_path / f"data-{seed}" / "data_reflection.json").read_bytes()

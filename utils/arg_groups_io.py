@@ -34,6 +34,9 @@ class DataArguments(_Group):
     random_prob: float | None = _arg(
         None, "Data generation: probability of a random action instead of the oracle's "
         "(default: 0.9 for Taxi, 0.7 for ALFWorld, as in the paper).")
+    holdout_repo: str | None = _arg(
+        None, "AutoExplore split_data: every task of this repository (the folder name its tasks' root names) goes "
+        "to holdout.json and none to train/validate/test: a generalisation set of a repository training never saw.")
     repo_dir: str | None = _arg(
         None, "A repository folder: the repo envs.play explores; AutoExplore data: the folder of repos a step "
         "reads (filter_repo: the raw repos; later steps: the filtered ones, default "

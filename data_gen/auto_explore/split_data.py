@@ -1,7 +1,8 @@
 """python -m data_gen.auto_explore.split_data --task_file=.../data_reflection_negative.json: 7:2:1 split.
 
 Writes ``train.json``, ``validate.json`` and ``test.json`` next to the task file (or in
-``--output_dir``). Tasks are grouped by repository and question, so a question never
+``--output_dir``); with ``--holdout_repo NAME``, every task of that repository goes to ``holdout.json``
+instead (a repository no training task comes from). Tasks are grouped by repository and question, so a question never
 appears on both sides of a split; groups are shuffled with ``--seed`` and filled into
 the splits in order, each group going to the first split with room for it.
 """
@@ -14,6 +15,7 @@ from data_gen.auto_explore import FILTERED_DIR
 from data_gen.common import item_rng, print_counts
 from envs.auto_explore_tasks import load_tasks
 from experiment_args import parse_args
+from utils.errors import UsageError
 from utils.io import write_json
 
 SPLITS = {"train": 0.7, "validate": 0.2, "test": 0.1}
@@ -41,7 +43,17 @@ def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data_reflection_negative.json"
     tasks = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
+    held_out = []
+    if args.holdout_repo:
+        held_out = [task for task in tasks if Path(str(task.get("root", ""))).name == args.holdout_repo]
+        if not held_out:
+            repos = sorted({Path(str(task.get("root", ""))).name for task in tasks})
+            raise UsageError(f"--holdout_repo {args.holdout_repo!r}: no task of {task_file} comes from it "
+                             f"(its repositories: {', '.join(repos)})")
+        tasks = [task for task in tasks if Path(str(task.get("root", ""))).name != args.holdout_repo]
     splits = split_tasks(tasks, args.seed)
+    if args.holdout_repo:
+        splits["holdout"] = held_out
     counts = {}
     for name, part in splits.items():
         write_json(out_dir / f"{name}.json", part)

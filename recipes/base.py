@@ -1,0 +1,115 @@
+"""What a column of the paper's table is to ``demo.py``: a :class:`Recipe`.
+
+A recipe says, in one place, everything one training seed of that column runs: its data steps, the
+SFT models and the RL variants with their budgets, the rows of the table and the evaluations they
+get, and where it departs from the paper and why. ``demo.py`` runs any recipe the same way:
+
+1. data (``Recipe.data``), in this process;
+2. SFT of every role of ``Recipe.sft``, in the side-by-side streams ``Recipe.sft_streams``;
+3. RLFT of every variant of ``Recipe.rl``, each playing a fixed validation panel, in the streams
+   ``Recipe.rl_streams``;
+4. every row of ``Recipe.rows`` evaluated on each of ``Recipe.evaluations`` (the same episodes for
+   every row and training seed), and the reflector's accuracy (``Recipe.accuracy``);
+5. the table and the curves.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SFTRole:
+    """One SFT model: the file it trains on (in the data folder) and its budget."""
+
+    file: str
+    steps: int
+    learning_rate: float
+    schedule: str = "constant"
+
+
+@dataclass(frozen=True)
+class RLVariant:
+    """One RLFT run: the SFT roles it starts from (None: the base model; no reflector: no reflection)."""
+
+    iterations: int
+    policy: str | None = None
+    reflector: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of the table: a policy (``sft:<role>`` or ``rl:<variant>``) and the SFT reflector it reads."""
+
+    name: str
+    policy: str
+    reflector: str | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One set of final evaluation episodes: its flags (given the data folder) and the levels it reports,
+    each a column of the table (``(result level, column name)``)."""
+
+    flags: Callable[[Path], list[str]]
+    columns: tuple[tuple[str, str], ...]
+
+
+def _no_flags(recipe: "Recipe", data_dir: Path) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    title: str  # e.g. "DangerousTaxi pickup"
+    task: tuple[str, ...]  # the environment's flags, shared by every stage
+    data: Callable[["Recipe", int, Path], list[tuple[Callable, list[str]]]]  # (main, argv) of each data step
+    sft: dict[str, SFTRole]
+    sft_streams: tuple[tuple[str, ...], ...]
+    rl: dict[str, RLVariant]
+    rl_streams: tuple[tuple[str, ...], ...]
+    rows: tuple[Row, ...]
+    evaluations: dict[str, Evaluation]  # by name; the first is the table's main one
+    budget: dict[str, Any]  # every other number the runner reads (see RUNNER_BUDGET)
+    departures: tuple[tuple[str, str], ...] = ()  # (what departs from the paper, why), for the report
+    accuracy: Callable[..., dict] | None = None  # (recipe, eval_args, row config) -> per-step accuracy
+    model: tuple[str, ...] = ("--model_name=tiny-gpt2", "--no_use_peft")
+    sft_flags: tuple[str, ...] = ("--per_device_train_batch_size=16", "--logging_steps=50")
+    extra: dict[str, Any] = field(default_factory=dict)  # the recipe's own numbers (its data budget, ...)
+    rl_flags: Callable[["Recipe", Path], list[str]] = _no_flags  # RL's flags given the data folder (task files)
+
+    def __post_init__(self) -> None:
+        missing = set(RUNNER_BUDGET) - set(self.budget)
+        if missing:
+            raise ValueError(f"recipe {self.name}: budget lacks {sorted(missing)}")
+        for variant in self.rl.values():
+            for role in (variant.policy, variant.reflector):
+                if role is not None and role not in self.sft:
+                    raise ValueError(f"recipe {self.name}: an RL variant starts from unknown SFT role {role!r}")
+        for row in self.rows:
+            kind, _, source = row.policy.partition(":")
+            known = self.sft if kind == "sft" else self.rl if kind == "rl" else {}
+            if source not in known or (row.reflector is not None and row.reflector not in self.sft):
+                raise ValueError(f"recipe {self.name}: row {row.name!r} names an unknown model")
+
+    def settings(self) -> dict:
+        """Every setting of a seed's pipeline: a finished seed is reused only under the same."""
+        return {"task": list(self.task), "model": list(self.model), "sft_flags": list(self.sft_flags),
+                "sft": {k: vars(v) for k, v in self.sft.items()}, "rl": {k: vars(v) for k, v in self.rl.items()},
+                "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra}
+
+
+def paper_rows(*ablations: Row) -> tuple[Row, ...]:
+    """The rows every column of the paper's table has, with a column's own ``ablations`` before Reflect-RL.
+    They name the SFT roles ``plain``, ``policy`` and ``reflector`` and the RL variants by row name."""
+    return (Row("SFT only", "sft:plain"), Row("SFT only, with reflection", "sft:policy", "reflector"),
+            Row("RLFT only", "rl:RLFT only"), Row("SFT+RLFT w/o reflection", "rl:SFT+RLFT w/o reflection"),
+            *ablations, Row("Reflect-RL", "rl:Reflect-RL", "reflector"))
+
+
+# The numbers demo.py reads from every recipe's budget.
+RUNNER_BUDGET = ("rl_batch", "rl_replay", "rl_learning_rate", "rl_baseline", "rl_entropy_coef", "reflect_top_k",
+                 "eval_episodes", "eval_seed", "eval_batch", "panel_every", "panel_episodes", "accuracy_episodes",
+                 "rl_train_batch")
