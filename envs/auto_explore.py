@@ -50,6 +50,7 @@ from envs.auto_explore_tasks import (
 from envs.base import Outcome, TextEnv
 from envs.curriculum import Curriculum, single_level
 from envs.sandbox import (
+    MAX_TOKENS,
     Sandbox,
     SandboxError,
     file_kind,
@@ -96,6 +97,7 @@ class AutoExploreEnv(TextEnv):
         oracle_completion: bool = False,
         sandbox_dir: str | os.PathLike | None = None,
         text_layout: str = "ours",
+        view_tokens: int = MAX_TOKENS,
     ):
         if not 0.0 <= leaveout_prob <= 1.0:
             raise ValueError(f"leaveout_prob must be in [0, 1], got {leaveout_prob}")
@@ -111,6 +113,7 @@ class AutoExploreEnv(TextEnv):
         self.first_step = first_step
         self.oracle_completion = oracle_completion
         self.sandbox_dir = sandbox_dir  # where the repository copies are made (None: the system's temporary folder)
+        self.view_tokens = view_tokens  # the most (approximate) tokens a file view shows
         self.repos_dir = Path(repos_dir) if repos_dir is not None else DEFAULT_REPOS_DIR
         self.tasks = list(tasks or [])
         self.task: dict | None = None
@@ -163,7 +166,7 @@ class AutoExploreEnv(TextEnv):
 
         if self._sandbox is not None:
             self._sandbox.close()
-        self._sandbox = Sandbox(root, leave_out=leave_out, parent=self.sandbox_dir)
+        self._sandbox = Sandbox(root, leave_out=leave_out, parent=self.sandbox_dir, view_tokens=self.view_tokens)
         self.task = task
         self._targets = targets
         self._root = root
@@ -237,7 +240,7 @@ class AutoExploreEnv(TextEnv):
     def _completed_return(self, command: str) -> float:
         """The return of ``command`` followed by the oracle, played in a fresh copy of this episode's start."""
         probe = AutoExploreEnv(horizon=self.horizon, repos_dir=self.repos_dir, cost_rule=self.cost_rule,
-                               labels=self.label_set, sandbox_dir=self.sandbox_dir)
+                               labels=self.label_set, sandbox_dir=self.sandbox_dir, view_tokens=self.view_tokens)
         try:
             probe.reset(options={"task": dict(self.task, root=str(self._root), filename=list(self._targets))})
             outcome = probe.execute(command)
@@ -405,7 +408,8 @@ def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
     # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
     return {"leaveout_prob": 0.0 if evaluation else args.leaveout_prob, "easy": args.easy,
             "first_step": args.first_step, "oracle_completion": args.oracle_completion, "repos_dir": args.repo_dir,
-            "cost_rule": args.auto_explore_costs, "sandbox_dir": args.sandbox_dir}
+            "cost_rule": args.auto_explore_costs, "sandbox_dir": args.sandbox_dir,
+            "view_tokens": args.auto_explore_view_tokens}
 
 
 def _curriculum(args, max_steps: int) -> Curriculum:
@@ -456,7 +460,7 @@ SPEC = EnvSpec(
                 "data_gen.auto_explore.gen_task", "data_gen.auto_explore.filter_task",
                 "data_gen.auto_explore.reflection_negative", "data_gen.auto_explore.split_data",
                 "data_gen.auto_explore.gen_sft"),
-    own_flags=("easy", "sandbox_dir", "validation_task_file"),
+    own_flags=("easy", "sandbox_dir", "validation_task_file", "auto_explore_view_tokens"),
     exclusive_flags=("depth_curriculum", "first_step", "oracle_completion", "few_data"),
     api_instructions=API_INSTRUCTIONS, api_evaluator="evaluation.auto_explore_gpt",
 )

@@ -90,32 +90,32 @@ def cap_tokens(text: str, max_tokens: int = MAX_TOKENS, from_end: bool = False) 
     return kept, len(kept) < len(text)
 
 
-def cat_view(path: str, kind: str | None) -> str:
-    """What ``cat`` shows of ``path``: a kind-dependent number of lines and at most ~MAX_TOKENS tokens."""
+def cat_view(path: str, kind: str | None, max_tokens: int = MAX_TOKENS) -> str:
+    """What ``cat`` shows of ``path``: a kind-dependent number of lines and at most ~``max_tokens`` tokens."""
     text, complete = _read(path)
     lines = text.splitlines()
     if not lines:
         return "(empty file)"
     limit = CAT_LINES.get(kind, OTHER_CAT_LINES)
-    body, token_cut = cap_tokens("\n".join(lines[:limit]))
+    body, token_cut = cap_tokens("\n".join(lines[:limit]), max_tokens)
     if len(lines) <= limit and not token_cut and complete:
         return body
     shown = len(body.splitlines())
     total = f"{len(lines)}" if complete else f"more than {len(lines)}"
-    reason = f"~{MAX_TOKENS}-token limit" if token_cut else f"{limit}-line limit for this file type"
+    reason = f"~{max_tokens}-token limit" if token_cut else f"{limit}-line limit for this file type"
     return f"{body}\n[output cut ({reason}): showed {shown} of {total} lines]"
 
 
-def head_tail_view(path: str, tail: bool) -> str:
+def head_tail_view(path: str, tail: bool, max_tokens: int = MAX_TOKENS) -> str:
     text, _ = _read(path, from_end=tail)
     lines = text.splitlines()
     if not lines:
         return "(empty file)"
     picked = lines[-HEAD_TAIL_LINES:] if tail else lines[:HEAD_TAIL_LINES]
-    body, token_cut = cap_tokens("\n".join(picked), from_end=tail)
+    body, token_cut = cap_tokens("\n".join(picked), max_tokens, from_end=tail)
     if token_cut:
         where = "last" if tail else "first"
-        body += f"\n[output cut (~{MAX_TOKENS}-token limit): showed the {where} {len(body.splitlines())} lines]"
+        body += f"\n[output cut (~{max_tokens}-token limit): showed the {where} {len(body.splitlines())} lines]"
     return body
 
 
@@ -151,7 +151,10 @@ class Sandbox:
     COMMANDS = ("cd", "ls", "cat", "head", "tail", "id")
 
     def __init__(self, source: str | os.PathLike, leave_out: Callable[[str, bool], bool] | None = None,
-                 parent: str | os.PathLike | None = None):
+                 parent: str | os.PathLike | None = None, view_tokens: int = MAX_TOKENS):
+        if view_tokens < 1:
+            raise ValueError(f"view_tokens must be >= 1, got {view_tokens}")
+        self.view_tokens = view_tokens  # the most (approximate) tokens a cat/head/tail shows
         pristine = pristine_copy(source, parent)
         # Next to the pristine copy (one file system, for the hard links).
         self.root = tempfile.mkdtemp(prefix="auto_explore_episode_", dir=os.path.dirname(pristine))
@@ -233,8 +236,10 @@ class Sandbox:
                 raise SandboxError(f"id: {printable(args[0])} is not a file type that can be an answer")
             return CommandResult(text=f"Identified {rel} as the answer.", name=name, path=rel)
         if name == "cat":
-            return CommandResult(text=cat_view(self.abspath(rel), file_kind(rel)), name=name, path=rel)
-        return CommandResult(text=head_tail_view(self.abspath(rel), tail=name == "tail"), name=name, path=rel)
+            return CommandResult(text=cat_view(self.abspath(rel), file_kind(rel), self.view_tokens), name=name,
+                                 path=rel)
+        return CommandResult(text=head_tail_view(self.abspath(rel), tail=name == "tail", max_tokens=self.view_tokens),
+                             name=name, path=rel)
 
     def _cd(self, path: str) -> CommandResult:
         if path == "..":

@@ -62,6 +62,25 @@ def test_cat_token_cap(repo):
     assert len(body) < 5000 and "token limit" in note
 
 
+def test_a_smaller_view_for_shorter_observations(repo):
+    """--auto_explore_view_tokens: the recipe's shorter file views, in every view command and in the env
+    that env_kwargs builds."""
+    from envs import env_kwargs
+    from experiment_args import ScriptArguments, parse_args
+
+    write(repo / "big.py", "".join(f"value_{i} = {i}\n" for i in range(400)))
+    args = parse_args(["--env=auto_explore", "--auto_explore_view_tokens=12"])
+    kwargs = env_kwargs(args, evaluation=True)  # no leave-out
+    env = AutoExploreEnv(tasks=[make_task(repo)], **{k: v for k, v in kwargs.items() if k != "repos_dir"})
+    env.reset(seed=0)
+    *body, note = cat(env, "big.py").splitlines()
+    assert len(TOKEN_RE.findall("\n".join(body))) == 12 and note.startswith("[output cut (~12-token limit)")
+    obs, *_ = env.step_command("head big.py")
+    assert "(~12-token limit)" in obs
+    with pytest.raises(ValueError, match="--auto_explore_view_tokens: must be >= 1"):
+        ScriptArguments(env="auto_explore", auto_explore_view_tokens=0)
+
+
 def test_head_and_tail(repo):
     write(repo / "lines.txt", "".join(f"line {i}\n" for i in range(30)))
     write(repo / "wide.py", "".join(" ".join(f"t{i}_{j}" for j in range(100)) + "\n" for i in range(12)))

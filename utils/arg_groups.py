@@ -203,6 +203,9 @@ class EnvArguments(_Group):
         0.5,
         "AutoExplore: probability to leave an entry whose path is no prefix of a target's out of the sandbox "
         "(training only; evaluation uses 0).")
+    auto_explore_view_tokens: int = _arg(
+        500, "AutoExplore: the most (word-sized) tokens a cat, head or tail shows of a file; fewer make shorter "
+        "observations, for a small model's budget.")
     sandbox_dir: str | None = _arg(
         None, "AutoExplore: the folder where the repository copies the agent explores are made (default: the "
         "system's temporary folder).")
@@ -225,6 +228,7 @@ class EnvArguments(_Group):
         _probability(self, "leaveout_prob")
         _positive(self, "alfworld_timeout")
         _at_least(self, 0, "alfworld_history_steps")
+        _at_least(self, 1, "auto_explore_view_tokens")
         need(not (self.first_step and self.oracle_completion), "oracle_completion",
              "and --first_step are two different bandits; give one")
         from envs import ENVS

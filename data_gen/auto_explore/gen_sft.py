@@ -97,7 +97,8 @@ def main(args) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     labels = sft_labels(args)
     env = AutoExploreEnv(horizon=args.horizon, shuffle_action=args.shuffle_action, leaveout_prob=0.0,
-                         repos_dir=filtered_repos_dir(args), labels=labels)
+                         repos_dir=filtered_repos_dir(args), labels=labels, view_tokens=args.auto_explore_view_tokens,
+                         text_layout=args.text_layout)
     texts: dict[str, list[str]] = {name: [] for name in OUTPUT_FILES}
     counts: Counter = Counter()
     try:
