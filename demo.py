@@ -256,7 +256,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     accuracy: dict[str, list] = {}
     for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
         eval_args = parse_args([*eval_common, *evaluation.flags(data)])
-        prefix = "" if index == 0 else f"{name}: "
+        prefix = level_prefix(recipe, name)
 
         def evaluate_all(eval_args=eval_args, prefix=prefix) -> None:
             for row, result in zip(results, evaluate.run(eval_args, configs).results):
@@ -307,10 +307,16 @@ def interval(p: float, n: int) -> float:
 def columns(recipe: Recipe) -> list[tuple[str, str]]:
     """(result level, column name) of every column of the recipe's table, the main evaluation's first."""
     out = []
-    for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
-        prefix = "" if index == 0 else f"{name}: "
+    for name, evaluation in recipe.evaluations.items():
+        prefix = level_prefix(recipe, name)
         out += [(prefix + level, prefix + title) for level, title in evaluation.columns]
     return out
+
+
+def level_prefix(recipe: Recipe, evaluation: str) -> str:
+    """How an evaluation's levels are named in a seed's results: the main (first) one's as they are, the
+    others' after their evaluation's name."""
+    return "" if evaluation == next(iter(recipe.evaluations)) else f"{evaluation}: "
 
 
 def paper_table(recipe: Recipe, results: list[dict]) -> str:

@@ -103,15 +103,11 @@ class AutoExploreEnv(TextEnv):
             raise ValueError(f"leaveout_prob must be in [0, 1], got {leaveout_prob}")
         if cost_rule not in COST_RULES:
             raise ValueError(f"cost_rule must be one of {COST_RULES}, got {cost_rule!r}")
-        if first_step and oracle_completion:
-            raise ValueError("first_step and oracle_completion are two different bandits; choose one")
         self.cost_rule = cost_rule
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
-                         text_layout=text_layout)
+                         text_layout=text_layout, first_step=first_step, oracle_completion=oracle_completion)
         self.leaveout_prob = float(leaveout_prob)
         self.easy = easy
-        self.first_step = first_step
-        self.oracle_completion = oracle_completion
         self.sandbox_dir = sandbox_dir  # where the repository copies are made (None: the system's temporary folder)
         self.view_tokens = view_tokens  # the most (approximate) tokens a file view shows
         self.repos_dir = Path(repos_dir) if repos_dir is not None else DEFAULT_REPOS_DIR
@@ -126,7 +122,6 @@ class AutoExploreEnv(TextEnv):
         self._read: set[str] = set()  # files shown by cat
         self._viewed: set[tuple[str, str]] = set()  # (head|tail, file) already shown
         self._listed: set[str] = set()  # directories whose entries were shown
-        self._first_optimal: bool | None = None
         self._first_command = ""
 
     # --- episode setup ----------------------------------------------------------------
@@ -177,7 +172,6 @@ class AutoExploreEnv(TextEnv):
         self._read = set()
         self._viewed = set()
         self._listed = {""}  # the observation lists the current directory
-        self._first_optimal = None
         self._first_command = first_optimal_command(task) if self.first_step else ""
         logger.debug("AutoExplore episode in %s (sandbox %s), targets %s", root, self._sandbox.root, targets)
 
@@ -221,38 +215,28 @@ class AutoExploreEnv(TextEnv):
 
     def _act(self, index: int) -> Outcome:
         command = self._actions[index]
-        if self.oracle_completion and self.steps == 1:
-            best = self._completed_return(self._oracle_command())
         outcome = self.execute(command)
-        if self.first_step:
-            if command == self._first_command:
-                outcome.reward = FIRST_STEP_BONUS + self.horizon
-            outcome.terminated = True  # one decision, scored on its own
-        elif self.oracle_completion and self.steps == 1:
-            if not outcome.terminated:
-                played, reward = self._finish_with_oracle()
-                outcome.reward += reward
-                outcome.terminated = True
-                outcome.info["oracle_completion"] = played
-            self._first_optimal = outcome.reward >= best - 1e-9 and self._solved(outcome.reward)
+        if self.first_step and command == self._first_command:
+            outcome.reward = FIRST_STEP_BONUS + self.horizon
         return outcome
 
-    def _completed_return(self, command: str) -> float:
-        """The return of ``command`` followed by the oracle, played in a fresh copy of this episode's start."""
+    def _oracle_return(self) -> float:
+        """The oracle's return from this episode's start (where the bandit asks for it), played in a fresh copy."""
         probe = AutoExploreEnv(horizon=self.horizon, repos_dir=self.repos_dir, cost_rule=self.cost_rule,
                                labels=self.label_set, sandbox_dir=self.sandbox_dir, view_tokens=self.view_tokens)
         try:
             probe.reset(options={"task": dict(self.task, root=str(self._root), filename=list(self._targets))})
-            outcome = probe.execute(command)
-            probe.steps = 1
-            if outcome.terminated:
-                return outcome.reward
-            return outcome.reward + probe._finish_with_oracle()[1]
+            return probe._finish_with_oracle()[1]
         finally:
             probe.close()
 
+    def _play_oracle_out(self, outcome: Outcome) -> None:
+        played, reward = self._finish_with_oracle()
+        outcome.reward += reward
+        outcome.info["oracle_completion"] = played
+
     def _finish_with_oracle(self) -> tuple[list[str], float]:
-        """Play the oracle to the end of the episode (first-step mode); its commands and reward."""
+        """Play the oracle to the end of the episode (oracle_completion); its commands and reward."""
         played, reward = [], 0.0
         for _ in range(self.horizon - self.steps):
             command = self._oracle_command()
@@ -366,11 +350,6 @@ class AutoExploreEnv(TextEnv):
     def _wasted_step_reward(self) -> float:
         return -STEP_COST
 
-    def _success(self) -> bool:
-        if self._first_optimal is not None:
-            return self._first_optimal
-        return self._solved(self.total_reward)
-
     def _solved(self, total_reward: float) -> bool:
         return -total_reward < SUCCESS_MAX_COST
 
@@ -423,7 +402,7 @@ def _curriculum(args, max_steps: int) -> Curriculum:
 
 def _held_out(args, env) -> list[tuple[dict, str]]:
     """Every task of ``--task_file``, each at its depth."""
-    return [({"task": task}, f"depth {task_depth(task)}") for task in run_tasks(args)]
+    return _at_depths(run_tasks(args))
 
 
 def _validation(args, env) -> list[tuple[dict, str]]:
@@ -433,7 +412,12 @@ def _validation(args, env) -> list[tuple[dict, str]]:
         logger.warning("the validation panel plays the tasks of --task_file %s (give --validation_task_file, "
                        "e.g. the split's validate.json, for tasks apart from training's)", args.task_file)
         return _held_out(args, env)
-    return [({"task": task}, f"depth {task_depth(task)}") for task in run_tasks(args, "validation_task_file")]
+    return _at_depths(run_tasks(args, "validation_task_file"))
+
+
+def _at_depths(tasks: list[dict]) -> list[tuple[dict, str]]:
+    """Each task's reset options and level: its depth."""
+    return [({"task": task}, f"depth {task_depth(task)}") for task in tasks]
 
 
 def _play_options(args, rng) -> dict:

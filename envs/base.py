@@ -18,6 +18,13 @@ Taxi's move cost, AutoExplore's step cost, 0 in ALFWorld, whose steps cost nothi
 arranges its text in the paper's structure (its own words still) and the prompts place the
 analyze marker and the instruction as the paper's code does (``prompts.py``).
 
+Two bandits shape an episode's first decision, for an environment that implements the hooks below:
+``first_step`` (the paper's): the episode ends after that decision, scored on its own;
+``oracle_completion`` (this project's): the oracle plays the episode out after it (:meth:`TextEnv._play_oracle_out`)
+and the whole return is the decision's reward; ``success`` is then "the decision was optimal (the
+return equals the oracle's own, :meth:`TextEnv._oracle_return`) and the task got solved", not merely
+solved, as a played-out episode almost always is.
+
 ``shuffle_action`` draws the labels shown from the whole label set, in the order of the
 commands (the paper's AutoExplore); an environment with ``shuffle_within_shown`` permutes the
 first n labels instead and lists the commands in label order (the paper's ALFWorld).
@@ -104,9 +111,14 @@ class TextEnv(gymnasium.Env):
     shuffle_within_shown: bool = False
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False, render_mode: str | None = None,
-                 labels=None, text_layout: str = "ours"):
+                 labels=None, text_layout: str = "ours", first_step: bool = False, oracle_completion: bool = False):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if first_step and oracle_completion:
+            raise ValueError("first_step and oracle_completion are two different bandits; choose one")
+        self.first_step = first_step
+        self.oracle_completion = oracle_completion
+        self._first_optimal: bool | None = None  # oracle_completion: was the first decision optimal (and solved)?
         if text_layout not in TEXT_LAYOUTS:
             raise ValueError(f"text_layout must be one of {TEXT_LAYOUTS}, got {text_layout!r}")
         self.text_layout = text_layout
@@ -153,7 +165,21 @@ class TextEnv(gymnasium.Env):
         """Index of an optimal next action, or None if the env knows none."""
         return None
 
+    def _solved(self, total_reward: float) -> bool:
+        """Whether an episode with this return solved the task."""
+        raise NotImplementedError
+
     def _success(self) -> bool:
+        if self._first_optimal is not None:
+            return self._first_optimal
+        return self._solved(self.total_reward)
+
+    def _oracle_return(self) -> float:
+        """oracle_completion: the return of the oracle playing the episode from here, leaving it unchanged."""
+        raise NotImplementedError
+
+    def _play_oracle_out(self, outcome: Outcome) -> None:
+        """oracle_completion: the oracle plays the rest of the episode; its rewards are added to ``outcome``."""
         raise NotImplementedError
 
     @classmethod
@@ -168,6 +194,7 @@ class TextEnv(gymnasium.Env):
         self.steps = 0
         self.total_reward = 0.0
         self.done = False
+        self._first_optimal = None
         self._reset(dict(options or {}))
         return self._observe(), self._info()
 
@@ -178,7 +205,7 @@ class TextEnv(gymnasium.Env):
         if label not in self._labels:
             outcome = Outcome(reward=self._wasted_step_reward(), info={"invalid_label": True})
         else:
-            outcome = self._act(self._labels.index(label))
+            outcome = self._decide(self._labels.index(label))
         truncated = outcome.truncated or (not outcome.terminated and self.steps >= self.horizon)
         if truncated and not outcome.truncated:
             outcome.reward += self._truncation_reward()
@@ -194,6 +221,20 @@ class TextEnv(gymnasium.Env):
             info["success"] = bool(self._success())
             info["cost"] = -self.total_reward
         return obs, float(outcome.reward), bool(outcome.terminated), bool(truncated), info
+
+    def _decide(self, index: int) -> Outcome:
+        """Apply action ``index``, the first decision as the bandit modes shape it (see the module docstring)."""
+        if not (self.oracle_completion and self.steps == 1):
+            outcome = self._act(index)
+            outcome.terminated = outcome.terminated or self.first_step
+            return outcome
+        best = self._oracle_return()
+        outcome = self._act(index)
+        if not outcome.terminated:
+            self._play_oracle_out(outcome)
+            outcome.terminated = True
+        self._first_optimal = outcome.reward >= best - 1e-9 and self._solved(outcome.reward)
+        return outcome
 
     def render(self):
         if self.render_mode == "ansi":

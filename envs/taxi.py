@@ -86,19 +86,15 @@ class DangerousTaxiEnv(TextEnv):
             raise ValueError(f"curriculum must be one of {STAGES}, got {curriculum!r}")
         if pickup_reward not in PICKUP_REWARDS:
             raise ValueError(f"pickup_reward must be one of {PICKUP_REWARDS}, got {pickup_reward!r}")
-        if first_step and oracle_completion:
-            raise ValueError("first_step and oracle_completion are two different bandits; choose one")
         self.pickup_reward = pickup_reward
         self.curriculum = curriculum
         self.with_prompt = with_prompt
         self.with_history = with_history
-        self.first_step = first_step
-        self.oracle_completion = oracle_completion
         self.danger_on_first_step = danger_on_first_step
         self.depot_letters = depot_letters
         self._taxi = gymnasium.make("Taxi-v4", is_rainy=False, fickle_passenger=False).unwrapped
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
-                         text_layout=text_layout)
+                         text_layout=text_layout, first_step=first_step, oracle_completion=oracle_completion)
         self.state = 0
         self._history: list[tuple[str, str]] = []
         self._initial_grid = ""
@@ -131,36 +127,24 @@ class DangerousTaxiEnv(TextEnv):
         self._history = []
         self._bonus_paid = False
         self._delivered = False
-        self._first_optimal: bool | None = None
         self._initial_grid = self._grid(self.state)
 
     # --- the step ------------------------------------------------------------------------
 
     def _act(self, index: int) -> Outcome:
-        if self.oracle_completion and self.steps == 1:
-            best = self._completed_return(self._oracle_index())
-        outcome = self._apply(index)
-        if self.first_step:
-            outcome.terminated = True  # one decision, scored on its own
-        elif self.oracle_completion and self.steps == 1:
-            if not outcome.terminated:
-                for action in shortest_plan(self._taxi, self.state, self._goal()):
-                    outcome.reward += self._apply(action).reward
-                outcome.terminated = True
-            self._first_optimal = outcome.reward >= best - 1e-9 and self._solved(outcome.reward)
-        return outcome
+        return self._apply(index)
 
-    def _completed_return(self, action: int | None) -> float:
-        """The return of ``action`` followed by the oracle's plan, played on a copy."""
-        if action is None:
-            return float("-inf")
+    def _oracle_return(self) -> float:
+        """The return of the oracle's plan from here, played on a copy."""
         probe = copy.deepcopy(self)
-        probe.oracle_completion = False
-        outcome = probe._apply(action)
-        reward = outcome.reward
-        if not outcome.terminated:
-            reward += sum(probe._apply(a).reward for a in shortest_plan(probe._taxi, probe.state, probe._goal()))
-        return reward
+        plan = shortest_plan(probe._taxi, probe.state, probe._goal())
+        if not plan:
+            return float("-inf")  # no known optimum: any decision counts as optimal
+        return sum(probe._apply(action).reward for action in plan)
+
+    def _play_oracle_out(self, outcome: Outcome) -> None:
+        for action in shortest_plan(self._taxi, self.state, self._goal()):
+            outcome.reward += self._apply(action).reward
 
     def _apply(self, action: int) -> Outcome:
         before = self.state
@@ -214,11 +198,6 @@ class DangerousTaxiEnv(TextEnv):
     def _oracle_index(self) -> int | None:
         plan = shortest_plan(self._taxi, self.state, self._goal())
         return plan[0] if plan else None
-
-    def _success(self) -> bool:
-        if self._first_optimal is not None:
-            return self._first_optimal
-        return self._solved(self.total_reward)
 
     def _solved(self, total_reward: float) -> bool:
         if self._stage == PLAIN:

@@ -149,7 +149,7 @@ def summarise(episodes) -> dict:
 def success_name(args) -> str:
     """What an episode's 'success' measures: under --oracle_completion, an optimal first decision (the
     oracle solves almost every played-out episode), not a solved task."""
-    return "optimal 1st decision" if getattr(args, "oracle_completion", False) else "success"
+    return "optimal 1st decision" if args.oracle_completion else "success"
 
 
 def markdown_table(results: list[dict], success: str = "success") -> str:

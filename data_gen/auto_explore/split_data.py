@@ -39,20 +39,22 @@ def split_tasks(tasks: list[dict], seed: int) -> dict[str, list[dict]]:
     return splits
 
 
+def repository(task: dict) -> str:
+    """The folder name of the repository a task comes from (its ``root``)."""
+    return Path(str(task.get("root", ""))).name
+
+
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "data_reflection_negative.json"
     tasks = load_tasks(task_file, whole_records=True)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
-    held_out = []
-    if args.holdout_repo:
-        held_out = [task for task in tasks if Path(str(task.get("root", ""))).name == args.holdout_repo]
-        if not held_out:
-            repos = sorted({Path(str(task.get("root", ""))).name for task in tasks})
-            raise UsageError(f"--holdout_repo {args.holdout_repo!r}: no task of {task_file} comes from it "
-                             f"(its repositories: {', '.join(repos)})")
-        tasks = [task for task in tasks if Path(str(task.get("root", ""))).name != args.holdout_repo]
-    splits = split_tasks(tasks, args.seed)
-    if args.holdout_repo:
+    held_out = [task for task in tasks if repository(task) == args.holdout_repo] if args.holdout_repo else []
+    if args.holdout_repo and not held_out:
+        repos = sorted({repository(task) for task in tasks})
+        raise UsageError(f"--holdout_repo {args.holdout_repo!r}: no task of {task_file} comes from it "
+                         f"(its repositories: {', '.join(repos)})")
+    splits = split_tasks([task for task in tasks if repository(task) != args.holdout_repo], args.seed)
+    if held_out:
         splits["holdout"] = held_out
     counts = {}
     for name, part in splits.items():
