@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from evaluation import evaluate
 from experiment_args import parse_args
@@ -249,20 +250,23 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
     configs = [{"name": row.name, "load_dir": str(policy_dir(row)),
                 **({"reflect_load_dir": str(sft_dirs[row.reflector])} if row.reflector else {})} for row in recipe.rows]
-    eval_common = [*model, f"--ckpt_path={runs}", *recipe.task, f"--seed={budget['eval_seed']}", "--shrink_head",
+    eval_common = [*model, *recipe.task, f"--seed={budget['eval_seed']}", "--shrink_head",
                    f"--eval_reps={budget['eval_episodes']}", f"--per_device_eval_batch_size={budget['eval_batch']}",
+                   f"--eval_level_episodes={budget.get('eval_level_episodes', 0)}",
                    f"--top_k={budget['reflect_top_k']}"]
     results = [dict(config, levels={}) for config in configs]
     accuracy: dict[str, list] = {}
     for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
-        eval_args = parse_args([*eval_common, *evaluation.flags(data)])
+        eval_argv = [*eval_common, *evaluation.flags(data)]
+        eval_args = parse_args([*eval_argv, f"--ckpt_path={runs}"])
         prefix = level_prefix(recipe, name)
+        label = "evaluation" if index == 0 else f"evaluation ({name})"
 
-        def evaluate_all(eval_args=eval_args, prefix=prefix) -> None:
-            for row, result in zip(results, evaluate.run(eval_args, configs).results):
+        def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label) -> None:
+            for row, result in zip(results, evaluate_side_by_side(eval_argv, configs, runs, logs, label, workers)):
                 row["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
 
-        timed("evaluation" if index == 0 else f"evaluation ({name})", evaluate_all)
+        timed(label, evaluate_all)
         if index == 0 and recipe.accuracy is not None:
             reading = next(config for config, row in zip(configs, recipe.rows) if row.policy.startswith("sft:")
                            and row.reflector)
@@ -274,14 +278,37 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
                        title=f"{recipe.title}, tiny-gpt2 (offline demo, seed {seed})")
     total = time.time() - started
     report = (f"# Reflect-RL demo: {recipe.title}, tiny-gpt2, offline, training seed {seed}\n\n"
-              f"{paper_table(recipe, results)}\n{budget['eval_episodes']} held-out episodes per row (the same for "
-              f"every row and seed); actions sampled at temperature 1, reflections greedy.\n\n"
+              f"{paper_table(recipe, results)}\n{episodes_note(recipe, results)} per row (the same for every row and seed); "
+              f"actions sampled at temperature 1, reflections greedy.\n\n"
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
               f"Training curves: {curves}\n\n"
               f"Wall time: {total / 60:.1f} min (" + ", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()) + ")\n")
     (folder / "results.md").write_text(report, encoding="utf-8")
     say(f"seed {seed} ({folder / 'results.md'}):\n\n{report}")
     return {"results": results, "reflector_accuracy": accuracy, "timings": timings}
+
+
+def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,
+                          workers: int) -> list[dict]:
+    """Evaluate the rows ``configs`` on the held-out episodes of ``argv``, shared out over ``workers``
+    processes; their results in the order of ``configs``. A row plays the same episodes with the same
+    sampling randomness wherever it runs (evaluation.evaluate seeds each configuration alike)."""
+    share = max(1, min(workers, len(configs)))
+    streams = []
+    for part in range(share):
+        where = runs / f"{slug(label)}-{part + 1}"
+        where.mkdir(parents=True, exist_ok=True)
+        listing = where / "rows.yaml"
+        listing.write_text(yaml.safe_dump(configs[part::share], sort_keys=False), encoding="utf-8")
+        streams.append([Stage(f"{label}, rows {part + 1}/{share}", "evaluation.evaluate",
+                              [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
+                              logs / f"{slug(label)}-{part + 1}.log")])
+    run_side_by_side(streams, workers)
+    found = {}
+    for part in range(share):
+        run = latest_run(runs / f"{slug(label)}-{part + 1}", evaluate.SCRIPT)
+        found.update({result["name"]: result for result in json.loads((run / "results.json").read_text())})
+    return [found[config["name"]] for config in configs]
 
 
 def slug(name: str) -> str:
@@ -365,8 +392,19 @@ def seeds_report(recipe: Recipe, runs: dict[int, dict]) -> str:
     per_seed = "\n".join(f"## Seed {s}\n\n{paper_table(recipe, run['results'])}\n"
                          f"{accuracy_table(run['reflector_accuracy']) if run['reflector_accuracy'] else ''}"
                          for s, run in runs.items())
-    return "\n".join(lines) + (f"\n{recipe.budget['eval_episodes']} held-out episodes per row and seed "
-                               f"(one fixed set).\n\n{per_seed}")
+    first = next(iter(runs.values()))["results"]
+    return "\n".join(lines) + f"\n{episodes_note(recipe, first)} per row and seed (one fixed set).\n\n{per_seed}"
+
+
+def episodes_note(recipe: Recipe, results: list[dict]) -> str:
+    """How many held-out episodes stand behind each figure: the recipe's repetitions, or (with a per-level
+    minimum) each column's episodes and the distinct tasks they repeat."""
+    if not recipe.budget.get("eval_level_episodes"):
+        return f"{recipe.budget['eval_episodes']} held-out episodes"
+    levels = results[0]["levels"]
+    cells = [f"{title}: {levels[level]['episodes']} episodes of {levels[level]['units']} distinct tasks"
+             for level, title in columns(recipe) if level in levels]
+    return "Held-out episodes (" + "; ".join(cells) + ")"
 
 
 if __name__ == "__main__":

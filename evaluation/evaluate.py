@@ -22,7 +22,10 @@ are printed and saved as ``results.json`` and ``results.md`` in
 """
 
 import json
+import logging
+import math
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from rollout import EpisodeStart, TwoPlayerRollout
 from utils import checkpoints, models
 
 SCRIPT = "evaluate"
+logger = logging.getLogger(__name__)
 # Evaluation seeds start here. Training episodes and data-generation episodes draw their
 # seeds below 2**31 - 1 (envs.base.rng_seed, rl_finetune.episode_starts), so no training
 # seed of any run is ever an evaluation seed.
@@ -55,11 +59,22 @@ class EvaluationRun:
     results: list[dict]
 
 
-def test_episodes(args, env, reps: int) -> list[EpisodeStart]:
+def test_episodes(args, env, reps: int, level_episodes: int = 0) -> list[EpisodeStart]:
     """The fixed test episodes of ``args.env``, ``reps`` per level, task or problem (its spec's held-out
-    units), each labelled with its level."""
+    units; only those at ``--eval_levels`` if given), each labelled with its level; a level of few units
+    repeats each ``ceil(level_episodes / units)`` times where that is more than ``reps``."""
+    units = env_spec(args.env).held_out(args, env)
+    if args.eval_levels is not None:
+        present = {level for _, level in units}
+        if not present & set(args.eval_levels):
+            raise ValueError(f"--eval_levels: no held-out unit is at any of {args.eval_levels} "
+                             f"(levels here: {sorted(present)})")
+        for level in sorted(set(args.eval_levels) - present):
+            logger.warning("--eval_levels: no held-out unit is at level %r; it gets no figure", level)
+        units = [(options, level) for options, level in units if level in args.eval_levels]
+    per_level = Counter(level for _, level in units)
     return [EpisodeStart(seed=HELD_OUT_SEED + i, options=options, level=level)
-            for options, level in env_spec(args.env).held_out(args, env) for i in range(reps)]
+            for options, level in units for i in range(max(reps, math.ceil(level_episodes / per_level[level])))]
 
 
 def validation_episodes(args, env, reps: int) -> list[EpisodeStart]:
@@ -133,9 +148,13 @@ class HeldOutPanel:
 
 
 def figures(episodes) -> dict:
-    """Success rate, average cost and length of ``episodes``, and how many they are."""
+    """Success rate, average cost and length of ``episodes``, how many they are, and how many distinct
+    held-out units (the options they were reset with: an AutoExplore task, an ALFWorld problem; a Taxi
+    level is one unit whose episodes differ by seed) they repeat."""
+    units = {json.dumps(e.options, sort_keys=True, default=str) for e in episodes}
     return {"success": float(np.mean([e.success for e in episodes])), "cost": float(np.mean([e.cost for e in episodes])),
-            "episodes": len(episodes), "steps": float(np.mean([len(e.decisions) for e in episodes]))}
+            "episodes": len(episodes), "steps": float(np.mean([len(e.decisions) for e in episodes])),
+            "units": len(units)}
 
 
 def summarise(episodes) -> dict:
@@ -181,7 +200,7 @@ def run(args, eval_load_list: list[dict]) -> EvaluationRun:
     envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir, labels=labels))
             for _ in range(args.per_device_eval_batch_size)]
     try:
-        starts = test_episodes(args, envs[0], args.eval_reps)
+        starts = test_episodes(args, envs[0], args.eval_reps, args.eval_level_episodes)
         results = []
         for config in configs:
             summary = summarise(evaluate_config(args, config, envs, starts))

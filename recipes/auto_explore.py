@@ -28,23 +28,30 @@ from data_gen.auto_explore import (
     reflection_negative,
     split_data,
 )
+from data_gen.auto_explore.reflection_negative import advised_command
+from recipes.accuracy import reflector_accuracy
 from recipes.base import Evaluation, Recipe, RLVariant, Row, SFTRole, paper_rows
 
-SPLIT_SEED = 0  # the task split is the same for every training seed: one evaluation set for all seeds
-HOLDOUT_REPO = "pyyaml"  # no training, validation or test task comes from it: the generalisation columns
+TASK_SEED = 0  # the benchmark (repositories, tasks, their split) is the same for every training seed: one
+# evaluation set for all seeds; the training seed draws the trajectories (their wrong turns), SFT and RL
+HOLDOUT_REPO = "tqdm"  # no training, validation or test task comes from it: the generalisation columns (it has
+# tasks at depths 1 and 2; pyyaml, flat, has none at depth 2)
 # File views of about 60 word-sized tokens (the environment's default: 500). A 128-wide model's cost grows with
 # the square of the text's length: at the default the SFT texts are about 900 tiny-gpt2 tokens (median) and an
 # SFT step over 16 of them takes about 18 s on one core; at 60, 305 (reflections) and 500 (policy), 3 s and 9 s.
 VIEW = "--auto_explore_view_tokens=60"
-TASK = ("--env=auto_explore", "--shuffle_action", "--depth_curriculum", "--merge_first_two", VIEW)
+ACTIONS = ("--shuffle_action",)  # the paper's: each state's commands get random labels (gen_sft's data, too)
+TASK = ("--env=auto_explore", *ACTIONS, "--depth_curriculum", "--merge_first_two", VIEW)
 
 SFT = {
-    "reflector": SFTRole("sft_reflection.jsonl", 300, 2e-3, "cosine"),
-    "policy": SFTRole("sft_policy.jsonl", 200, 1e-3),
-    "plain": SFTRole("sft.jsonl", 200, 1e-3),
-    "reflector_positive": SFTRole("sft_reflection_positive.jsonl", 300, 2e-3, "cosine"),
-    "policy_positive": SFTRole("sft_policy_positive.jsonl", 200, 1e-3),
+    "reflector": SFTRole("sft_reflection.jsonl", 120, 2e-3, "cosine"),
+    "policy": SFTRole("sft_policy.jsonl", 80, 1e-3),
+    "plain": SFTRole("sft.jsonl", 80, 1e-3),
+    "reflector_positive": SFTRole("sft_reflection_positive.jsonl", 120, 2e-3, "cosine"),
+    "policy_positive": SFTRole("sft_policy_positive.jsonl", 80, 1e-3),
 }
+# Batches of 8 texts of similar length: the policy texts' lengths vary five-fold (a folder's action list).
+SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=20")
 RL = {
     "Reflect-RL": RLVariant(30, policy="policy", reflector="reflector"),
     "SFT+RLFT w/o negative": RLVariant(30, policy="policy_positive", reflector="reflector_positive"),
@@ -60,28 +67,30 @@ BUDGET = {
     "rl_baseline": "mean",  # as Taxi's: the variance decides whether RL improves in a CPU budget
     "rl_entropy_coef": 0.0,
     "reflect_top_k": 1,  # greedy reflections, as Taxi's
-    "eval_episodes": 34,  # per test task: its 6 depth-1 and 15 depth-2 tasks give 204 and 510 episodes
+    "eval_episodes": 1,  # per test task, and more where a depth has few tasks:
+    "eval_level_episodes": 200,  # at least this many episodes per depth (its tasks repeated)
     "eval_seed": 0,
     "eval_batch": 32,
     "panel_every": 10,
     "panel_episodes": 1,  # per validation task
-    "accuracy_episodes": 0,
+    "accuracy_episodes": 1,  # per test task: the reflector's advice checked against the oracle's move
 }
 
 
 def data(recipe: Recipe, seed: int, out: Path) -> list:
     """Repositories, tasks, trajectories with negatives, the split (one repository held out), SFT files."""
     repos, filtered, tasks, chosen = out / "repos", out / "repos_filtered", out / "tasks", out / "tasks_filtered"
-    oracle = ["--env=auto_explore", "--model_name=tiny-gpt2", "--api=oracle", f"--seed={seed}"]
+    writer = ["--env=auto_explore", "--model_name=tiny-gpt2", "--api=oracle"]
+    benchmark, oracle = [*writer, f"--seed={TASK_SEED}"], [*writer, f"--seed={seed}"]
     return [
-        (collect_repos.main, [*oracle, f"--output_dir={repos}"]),
-        (filter_repo.main, [*oracle, f"--repo_dir={repos}", f"--output_dir={filtered}"]),
-        (gen_task.main, [*oracle, f"--repo_dir={filtered}", f"--output_dir={tasks}"]),
-        (filter_task.main, [*oracle, f"--task_file={tasks}", f"--repo_dir={filtered}", f"--output_dir={chosen}"]),
+        (collect_repos.main, [*benchmark, f"--output_dir={repos}"]),
+        (filter_repo.main, [*benchmark, f"--repo_dir={repos}", f"--output_dir={filtered}"]),
+        (gen_task.main, [*benchmark, f"--repo_dir={filtered}", f"--output_dir={tasks}"]),
+        (filter_task.main, [*benchmark, f"--task_file={tasks}", f"--repo_dir={filtered}", f"--output_dir={chosen}"]),
         (reflection_negative.main, [*oracle, f"--task_file={chosen / 'data.json'}", f"--repo_dir={filtered}"]),
-        (split_data.main, [*oracle[:-1], f"--seed={SPLIT_SEED}", f"--holdout_repo={HOLDOUT_REPO}",
+        (split_data.main, [*benchmark, f"--holdout_repo={HOLDOUT_REPO}",
                            f"--task_file={chosen / 'data_reflection_negative.json'}", f"--output_dir={out}"]),
-        (gen_sft.main, [*oracle, "--shuffle_action", VIEW, f"--task_file={out / 'train.json'}",
+        (gen_sft.main, [*oracle, *ACTIONS, VIEW, f"--task_file={out / 'train.json'}",
                         f"--repo_dir={filtered}", f"--output_dir={out}"]),
     ]
 
@@ -92,16 +101,17 @@ def rl_flags(recipe: Recipe, data_dir: Path) -> list[str]:
 
 
 def _evaluation(split: str) -> Evaluation:
-    return Evaluation(lambda data_dir: [f"--task_file={data_dir / split}", f"--repo_dir={data_dir / 'repos_filtered'}"],
-                      (("depth 1", "AutoExplore depth 1"), ("depth 2", "AutoExplore depth 2")))
+    columns = (("depth 1", "AutoExplore depth 1"), ("depth 2", "AutoExplore depth 2"))
+    return Evaluation(lambda data_dir: [f"--task_file={data_dir / split}", f"--repo_dir={data_dir / 'repos_filtered'}",
+                                        "--eval_levels", *(level for level, _ in columns)], columns)
 
 
 RECIPE = Recipe(
     name="auto_explore", title="AutoExplore", task=TASK, data=data, sft=SFT,
-    sft_streams=(("reflector", "policy", "plain"), ("reflector_positive", "policy_positive")), rl=RL,
+    sft_streams=(("reflector", "policy", "reflector_positive"), ("plain", "policy_positive")), rl=RL, sft_flags=SFT_FLAGS,
     rl_streams=(("Reflect-RL", "SFT+RLFT w/o reflection"), ("SFT+RLFT w/o negative", "RLFT only")), rows=ROWS,
     evaluations={"held-out": _evaluation("test.json"), "generalisation": _evaluation("holdout.json")},
-    budget=BUDGET, rl_flags=rl_flags,
+    budget=BUDGET, rl_flags=rl_flags, accuracy=reflector_accuracy(advised_command),
     departures=(
         ("file views of ~60 tokens (the paper: ~500)", "a CPU budget: the texts' length decides an SFT step's cost"),
         ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "

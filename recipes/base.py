@@ -109,7 +109,8 @@ def paper_rows(*ablations: Row) -> tuple[Row, ...]:
             *ablations, Row("Reflect-RL", "rl:Reflect-RL", "reflector"))
 
 
-# The numbers demo.py reads from every recipe's budget.
+# The numbers demo.py reads from every recipe's budget. Optional: "eval_level_episodes", the least number of
+# evaluation episodes per level (a level's few tasks repeated; 0 or absent: "eval_episodes" per task).
 RUNNER_BUDGET = ("rl_batch", "rl_replay", "rl_learning_rate", "rl_baseline", "rl_entropy_coef", "reflect_top_k",
                  "eval_episodes", "eval_seed", "eval_batch", "panel_every", "panel_episodes", "accuracy_episodes",
                  "rl_train_batch")

@@ -2,17 +2,12 @@
 20 minutes per seed (``make demo``). Every departure from the paper's recipe is a number below, with its
 reason."""
 
-import re
 from pathlib import Path
-
-import numpy as np
 
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
-from envs import env_kwargs, make_env
-from evaluation import evaluate
+from recipes.accuracy import reflector_accuracy
 from recipes.base import Evaluation, Recipe, RLVariant, SFTRole, paper_rows
-from utils import models
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -73,33 +68,12 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
     ]
 
 
-def accuracy(recipe: Recipe, eval_args, config: dict) -> dict[str, list]:
-    """How often the SFT reflector advises the oracle's move, per step of held-out episodes."""
-    labels = models.policy_labels(eval_args)
-    envs = [make_env("taxi", **env_kwargs(eval_args, evaluation=True, labels=labels))
-            for _ in range(eval_args.per_device_eval_batch_size)]
-    try:
-        starts = evaluate.test_episodes(eval_args, envs[0], recipe.budget["accuracy_episodes"])
-        episodes = evaluate.evaluate_config(eval_args, config, envs, starts)
-    finally:
-        for env in envs:
-            env.close()
-    right: dict[int, list[bool]] = {}
-    for episode in episodes:
-        for step, decision in enumerate(episode.decisions):
-            oracle = re.search(rf"^{re.escape(labels[decision.oracle])}\. (.+)$", decision.obs, re.M).group(1)
-            right.setdefault(step, []).append(data_gen.taxi.reflection.advised_command(decision.reflection) == oracle)
-    every = [ok for oks in right.values() for ok in oks]
-    return {"steps": [[step, float(np.mean(oks)), len(oks)] for step, oks in sorted(right.items())],
-            "all": [float(np.mean(every)), len(every)]}
-
-
 RECIPE = Recipe(
     name="taxi_pickup", title="DangerousTaxi pickup", task=TASK, data=data, sft=SFT,
     sft_streams=(("reflector",), ("policy", "plain")), rl=RL,
     rl_streams=(("Reflect-RL",), ("SFT+RLFT w/o reflection", "RLFT only")), rows=ROWS,
     evaluations={"held-out": Evaluation(lambda data_dir: [], (("pickup", "Taxi pickup"),))},
-    budget=BUDGET, accuracy=accuracy,
+    budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
     extra={"data_episodes": DATA_EPISODES, "data_random_prob": DATA_RANDOM_PROB},
     departures=(
         ("oracle + random 0.5 (the paper: 0.9)", "a random-weight model cannot read the advice in 0.9's labels"),

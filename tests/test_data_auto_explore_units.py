@@ -11,7 +11,7 @@ from data_gen.auto_explore import (
 )
 from data_gen.auto_explore.gen_task import candidate_questions, parse_pairs
 from data_gen.auto_explore.reflection_negative import parse_answer, question_topic
-from envs.sandbox_paths import file_kind
+from envs.sandbox_paths import file_kind, quote_path
 from tests.auto_explore_repos import make
 
 
@@ -100,3 +100,38 @@ def test_split_data_holds_a_repository_out(tmp_path):
     assert len(rest) == 10 and {t["root"] for t in rest} == {"alpha"}
     with pytest.raises(ValueError, match="--holdout_repo 'gamma'.*alpha, beta"):
         split_data.main(ScriptArguments(task_file=str(task_file), holdout_repo="gamma"))
+
+
+def test_the_reflectors_advice_is_read_back_from_every_oracle_sentence():
+    """advised_command inverts the oracle writer: every template and correction gives its command back."""
+    import numpy as np
+
+    from data_gen.auto_explore.reflection_negative import (
+        _CORRECTION_PREFIX,
+        _CORRECTIONS,
+        _TEMPLATES,
+        advised_command,
+        oracle_correction,
+        oracle_reflection,
+    )
+
+    commands = {"enter_root": "cd gymnasium", "enter": "cd spaces", "up": "cd ..", "cat": f"cat {quote_path('odd name.py')}",
+                "id": "id dict.py"}
+    args = {"enter_root": "gymnasium", "enter": "spaces", "up": "..", "cat": "odd name.py", "id": "dict.py"}
+    for key, templates in _TEMPLATES.items():
+        for template in templates:
+            sentence = template.format(topic="`Dict`", arg=args[key], cwd="pkg/sub")
+            assert advised_command(sentence) == commands[key], sentence
+    for key, template in _CORRECTIONS.items():
+        sentence = (_CORRECTION_PREFIX + template).format(wrong="box.py", topic="`Dict`", arg=args[key])
+        assert advised_command(sentence) == commands[key], sentence
+
+    class Where:  # what the writers read of the environment
+        cwd = "pkg/sub"
+
+    task = {"question": "Which file defines the class `Dict`?"}
+    for command in ("cd spaces", "cd ..", "cat dict.py", "id dict.py"):
+        assert advised_command(oracle_reflection(task, Where(), command, np.random.default_rng(0))) == command
+        assert advised_command(oracle_correction(task, Where(), command, "box.py")) == command
+    for other in (None, "", "I will identify it.", "so I will enter", "The answer is box.py."):
+        assert advised_command(other) is None

@@ -33,8 +33,8 @@ def small(monkeypatch):
     evaluated = []
     real = evaluate.test_episodes
 
-    def recording(args, env, reps):
-        starts = real(args, env, reps)
+    def recording(args, env, reps, level_episodes=0):
+        starts = real(args, env, reps, level_episodes)
         evaluated.append([(s.seed, s.options) for s in starts])
         return starts
 
@@ -57,7 +57,8 @@ def _training_seeds(folder) -> set[int]:
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
-    assert demo.main([f"--ckpt_path={tmp_path / 'a'}", "--seeds", "0", "1"]) == 0
+    # in one process, so that the evaluations' episodes are recorded; "b" below runs side by side
+    assert demo.main([f"--ckpt_path={tmp_path / 'a'}", "--seeds", "0", "1", "--workers", "1"]) == 0
     root = tmp_path / "a" / "demo"
     report = (root / "results.md").read_text()
     summary = [line for line in report.splitlines() if line.startswith("| ") and " | mean | " not in line
@@ -76,7 +77,7 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
             records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
             assert [r["step"] for r in records if "heldout_success" in r] == [0, 1, 2]
         logs = sorted(path.name for path in (folder / "logs").iterdir())  # each stage ran, its output kept
-        assert logs == ["rl-reflect-rl.log", "rl-rlft-only.log", "rl-sft-rlft-w-o-reflection.log",
+        assert logs == ["evaluation-1.log", "rl-reflect-rl.log", "rl-rlft-only.log", "rl-sft-rlft-w-o-reflection.log",
                         "sft-plain.log", "sft-policy.log", "sft-reflector.log"]
         assert "trained 2 steps" in (folder / "logs" / "sft-policy.log").read_text()
         settings = (_rl_runs(folder)[0] / "setting.yml").read_text()  # Reflect-RL reflects greedily
@@ -93,8 +94,8 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     assert len(finals) == 2 and finals[0] == finals[1]
     assert all(seed >= evaluate.HELD_OUT_SEED for starts in small for seed, _ in starts)
 
-    # the same seed again: the same table
-    assert demo.main([f"--ckpt_path={tmp_path / 'b'}", "--seed", "0"]) == 0
+    # the same seed again, its stages and evaluation rows in two processes: the same table
+    assert demo.main([f"--ckpt_path={tmp_path / 'b'}", "--seed", "0", "--workers", "2"]) == 0
     again = json.loads((tmp_path / "b" / "demo" / "results.json").read_text())["0"]
     assert [(r["name"], r["levels"]) for r in again["results"]] == [(r["name"], r["levels"]) for r in results["0"]["results"]]
     assert again["reflector_accuracy"] == results["0"]["reflector_accuracy"]

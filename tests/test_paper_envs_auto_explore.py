@@ -194,3 +194,30 @@ def test_the_validation_panel_plays_the_validation_tasks(repo, tmp_path):
     with pytest.raises(ValueError, match="--validation_task_file: no such file"):
         validation_episodes(parse_args(["--env=auto_explore", f"--task_file={train}",
                                         f"--validation_task_file={tmp_path / 'none.json'}"]), env, 1)
+
+
+def test_evaluation_repeats_a_levels_few_tasks_to_its_minimum_and_plays_only_the_levels_asked(repo, tmp_path):
+    """--eval_level_episodes N: each depth gets at least N episodes (its tasks repeated alike); --eval_levels
+    keeps the named depths only; figures count the distinct tasks behind them."""
+    from evaluation.evaluate import HELD_OUT_SEED, figures, test_episodes
+    from rollout import Episode
+
+    tasks = _tasks(repo, [[0], [1], [2], [2], [2]])
+    task_file = tmp_path / "test.json"
+    task_file.write_text(json.dumps(tasks))
+    args = parse_args(["--env=auto_explore", f"--task_file={task_file}", "--eval_level_episodes=7"])
+    env = make_env("auto_explore", **env_kwargs(args, evaluation=True))
+    starts = test_episodes(args, env, 2, args.eval_level_episodes)
+    per_level = {level: [s for s in starts if s.level == level] for level in ("depth 0", "depth 1", "depth 2")}
+    assert {level: len(group) for level, group in per_level.items()} == {"depth 0": 7, "depth 1": 7, "depth 2": 9}
+    assert [s.seed - HELD_OUT_SEED for s in per_level["depth 2"]] == [0, 1, 2] * 3  # each task 3 times alike
+    assert test_episodes(args, env, 10, 7)[:10] == test_episodes(args, env, 10)[:10]  # reps above the minimum win
+
+    only = parse_args(["--env=auto_explore", f"--task_file={task_file}", "--eval_levels", "depth 1", "depth 2"])
+    assert {s.level for s in test_episodes(only, env, 1)} == {"depth 1", "depth 2"}
+    with pytest.raises(ValueError, match="--eval_levels: no held-out unit is at any of \\['depth 5'\\]"):
+        test_episodes(parse_args(["--env=auto_explore", f"--task_file={task_file}", "--eval_levels", "depth 5"]),
+                      env, 1)
+    episodes = [Episode(seed=s.seed, options=s.options, level=s.level, success=True) for s in per_level["depth 2"]]
+    assert figures(episodes)["units"] == 3 and figures(episodes)["episodes"] == 9
+    env.close()

@@ -2,6 +2,7 @@
 data keeps its evaluation tasks apart from training's and validation's."""
 
 import json
+import math
 
 import pytest
 
@@ -46,3 +47,41 @@ def test_auto_explore_data_keeps_evaluation_apart(tmp_path):
     depths = {t["n_level"] for t in splits["test"]}
     assert {1, 2} <= depths
     assert (tmp_path / "sft_reflection_positive.jsonl").is_file() and (tmp_path / "sft_policy.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_seed(tmp_path, monkeypatch):
+    """The whole AutoExplore column at a tiny budget: six rows, depth 1 and 2 on the test split and on the
+    held-out repository, each depth at least its minimum of episodes, the reflector's accuracy. The tasks
+    and their split do not depend on the training seed; the trajectories do."""
+    from tests.test_demo import scaled
+
+    recipe = RECIPES["auto_explore"]
+    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=1,
+                   accuracy_episodes=1, eval_batch=8)
+    monkeypatch.setitem(RECIPES, recipe.name, small)
+    assert demo.main(["--task", "auto_explore", f"--ckpt_path={tmp_path}", "--seed", "3"]) == 0
+    root = tmp_path / "demo" / "auto_explore"
+    run = json.loads((root / "results.json").read_text())["3"]
+    assert [r["name"] for r in run["results"]] == [row.name for row in recipe.rows]
+    for result in run["results"]:
+        for level in ("depth 1", "depth 2", "generalisation: depth 1", "generalisation: depth 2"):
+            assert result["levels"][level]["episodes"] >= 6, (result["name"], level)
+        assert "depth 0" not in result["levels"]  # the columns' depths only
+    data = root / "seed-3" / "data"
+    test = json.loads((data / "test.json").read_text())
+    depth2 = [t for t in test if t["n_level"] == 2]
+    assert run["results"][0]["levels"]["depth 2"]["units"] == len(depth2)
+    report = (root / "seed-3" / "results.md").read_text()
+    episodes = len(depth2) * math.ceil(6 / len(depth2))  # each task alike, to the minimum of 6
+    assert f"AutoExplore depth 2: {episodes} episodes of {len(depth2)} distinct tasks" in report
+    assert "| accuracy | " in report and run["reflector_accuracy"]["all"][1] > 0
+    assert (root / "seed-3" / "rl_curves.png").is_file()
+
+    other = tmp_path / "seed-4"  # another training seed: the same benchmark, other trajectories
+    for main, argv in recipe.data(recipe, 4, other):
+        demo.call(main, argv)
+    for split in ("train", "validate", "test", "holdout"):
+        assert [t["question"] for t in json.loads((other / f"{split}.json").read_text())] == \
+               [t["question"] for t in json.loads((data / f"{split}.json").read_text())]
+    assert (other / "sft_policy.jsonl").read_text() != (data / "sft_policy.jsonl").read_text()

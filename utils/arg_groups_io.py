@@ -85,6 +85,11 @@ class EvalArguments(_Group):
     TITLE: ClassVar[str] = "evaluation"
 
     eval_reps: int = _arg(10, "Times each test task is run in evaluation.")
+    eval_level_episodes: int = _arg(
+        0, "Evaluation: at least this many episodes per level (e.g. AutoExplore depth): a level's tasks are repeated "
+        "ceil(N / tasks) times when that exceeds --eval_reps (0: --eval_reps for every level).")
+    eval_levels: list[str] | None = _arg(
+        None, "Evaluation: play only these levels' held-out units (e.g. --eval_levels 'depth 1' 'depth 2'; default: all).")
     eval_steps: int = _arg(
         0, "RL: play a fixed validation panel (seeds and tasks apart from the final evaluation's) every this many "
         "iterations and log heldout_success (0: off).")
@@ -105,7 +110,7 @@ class EvalArguments(_Group):
 
     def __post_init__(self) -> None:
         _at_least(self, 1, "eval_reps", "runs", "eval_panel")
-        _at_least(self, 0, "eval_steps")
+        _at_least(self, 0, "eval_steps", "eval_level_episodes")
         super().__post_init__()
 
 

@@ -41,6 +41,7 @@ from envs import EnvPool
 from envs.auto_explore import AutoExploreEnv
 from envs.auto_explore_tasks import load_tasks, optimal_path, task_targets
 from envs.base import rng_seed
+from envs.sandbox_paths import quote_path
 from experiment_args import parse_args
 from utils.io import write_json
 from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
@@ -125,6 +126,7 @@ _TEMPLATES = {
     "id": ["{arg} covers {topic}, which is what the question asks about, so I will identify it as the answer.",
            "{arg} answers the question about {topic}; I will identify it."],
 }
+_CORRECTION_PREFIX = "I read {wrong}, but it does not answer the question about {topic}; "
 _CORRECTIONS = {
     "enter": "the answer is not in this folder but under {arg}/, so I should go on into {arg}.",
     "up": "the answer is not here, so I should go back.",
@@ -167,8 +169,38 @@ def oracle_reflection(task: dict, env: AutoExploreEnv, command: str, rng) -> str
 def oracle_correction(task: dict, env: AutoExploreEnv, command: str, wrong: str) -> str:
     key, arg = _move(command, env.cwd)
     key = "enter" if key == "enter_root" else key
-    return (f"I read {wrong}, but it does not answer the question about {question_topic(task['question'])}; "
-            + _CORRECTIONS[key].format(arg=arg))
+    return (_CORRECTION_PREFIX + _CORRECTIONS[key]).format(wrong=wrong, topic=question_topic(task["question"]), arg=arg)
+
+
+def _template_pattern(template: str) -> str:
+    """A regex matching what ``template`` writes: its {arg} captured, {topic} and {cwd} any text."""
+    out, named = [], False
+    for part in re.split(r"(\{\w+\})", template):
+        if part == "{arg}":
+            out.append("(?P=arg)" if named else "(?P<arg>.+?)")
+            named = True
+        else:
+            out.append({"{topic}": ".+?", "{cwd}": ".*?", "{wrong}": ".+?"}.get(part, re.escape(part)))
+    return "".join(out)
+
+
+_READS = [(key, re.compile(_template_pattern(t) + "$")) for key, options in _TEMPLATES.items() for t in options] + [
+    (key, re.compile(_template_pattern(_CORRECTION_PREFIX + t) + "$"))
+    for key, t in _CORRECTIONS.items()]
+
+
+def advised_command(reflection: str | None) -> str | None:
+    """The command an oracle-writer reflection advises ("... so I will enter spaces." -> "cd spaces"), or
+    None for any other text: the reflector's accuracy reads the SFT reflector's reflections with it."""
+    for key, pattern in _READS:
+        found = pattern.match((reflection or "").strip())
+        if found:
+            arg = found.groupdict().get("arg")
+            if key == "up":
+                return "cd .."
+            word = "cd" if key in ("enter", "enter_root") else key
+            return f"{word} {quote_path(arg.rstrip('/'))}" if arg else None
+    return None
 
 
 # --- trajectories --------------------------------------------------------------------------------
