@@ -294,12 +294,18 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
     processes; their results in the order of ``configs``. A row plays the same episodes with the same
     sampling randomness wherever it runs (evaluation.evaluate seeds each configuration alike)."""
     share = max(1, min(workers, len(configs)))
+    parts: list[list[dict]] = [[] for _ in range(share)]
+    load = [0] * share
+    for config in sorted(configs, key=_evaluation_weight, reverse=True):  # the heaviest rows first, each to
+        least = load.index(min(load))                                       # the least loaded process
+        parts[least].append(config)
+        load[least] += _evaluation_weight(config)
     streams = []
     for part in range(share):
         where = runs / f"{slug(label)}-{part + 1}"
         where.mkdir(parents=True, exist_ok=True)
         listing = where / "rows.yaml"
-        listing.write_text(yaml.safe_dump(configs[part::share], sort_keys=False), encoding="utf-8")
+        listing.write_text(yaml.safe_dump(parts[part], sort_keys=False), encoding="utf-8")
         streams.append([Stage(f"{label}, rows {part + 1}/{share}", "evaluation.evaluate",
                               [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
                               logs / f"{slug(label)}-{part + 1}.log")])
@@ -309,6 +315,11 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
         run = latest_run(runs / f"{slug(label)}-{part + 1}", evaluate.SCRIPT)
         found.update({result["name"]: result for result in json.loads((run / "results.json").read_text())})
     return [found[config["name"]] for config in configs]
+
+
+def _evaluation_weight(config: dict) -> int:
+    """About how long a row's evaluation takes, relatively: a row that reflects writes a reflection per step."""
+    return 3 if config.get("reflect_load_dir") else 1
 
 
 def slug(name: str) -> str:
