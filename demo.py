@@ -300,19 +300,19 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
         least = load.index(min(load))                                       # the least loaded process
         parts[least].append(config)
         load[least] += _evaluation_weight(config)
+    folders = [runs / f"{slug(label)}-{part + 1}" for part in range(share)]
     streams = []
-    for part in range(share):
-        where = runs / f"{slug(label)}-{part + 1}"
+    for part, (rows, where) in enumerate(zip(parts, folders), 1):
         where.mkdir(parents=True, exist_ok=True)
         listing = where / "rows.yaml"
-        listing.write_text(yaml.safe_dump(parts[part], sort_keys=False), encoding="utf-8")
-        streams.append([Stage(f"{label}, rows {part + 1}/{share}", "evaluation.evaluate",
+        listing.write_text(yaml.safe_dump(rows, sort_keys=False), encoding="utf-8")
+        streams.append([Stage(f"{label}, rows {part}/{share}", "evaluation.evaluate",
                               [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
-                              logs / f"{slug(label)}-{part + 1}.log")])
+                              logs / f"{where.name}.log")])
     run_side_by_side(streams, workers)
     found = {}
-    for part in range(share):
-        run = latest_run(runs / f"{slug(label)}-{part + 1}", evaluate.SCRIPT)
+    for where in folders:
+        run = latest_run(where, evaluate.SCRIPT)
         found.update({result["name"]: result for result in json.loads((run / "results.json").read_text())})
     return [found[config["name"]] for config in configs]
 

@@ -192,14 +192,14 @@ _READS = [(key, re.compile(_template_pattern(t) + "$")) for key, options in _TEM
 def advised_command(reflection: str | None) -> str | None:
     """The command an oracle-writer reflection advises ("... so I will enter spaces." -> "cd spaces"), or
     None for any other text: the reflector's accuracy reads the SFT reflector's reflections with it."""
+    text = (reflection or "").strip()
     for key, pattern in _READS:
-        found = pattern.match((reflection or "").strip())
+        found = pattern.match(text)
         if found:
-            arg = found.groupdict().get("arg")
             if key == "up":
                 return "cd .."
             word = "cd" if key in ("enter", "enter_root") else key
-            return f"{word} {quote_path(arg.rstrip('/'))}" if arg else None
+            return f"{word} {quote_path(found['arg'].rstrip('/'))}"
     return None
 
 
