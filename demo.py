@@ -231,6 +231,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     def rl_stage(name: str) -> Stage:
         variant = recipe.rl[name]
         starts = [f"--load_dir={sft_dirs[variant.policy]}"] if variant.policy else []
+        starts += [*variant.flags, *(["--curriculum_steps", *map(str, variant.level_steps)] if variant.level_steps else [])]
         if variant.reflector:
             starts += [f"--reflect_load_dir={sft_dirs[variant.reflector]}", f"--top_k={budget['reflect_top_k']}"]
         return Stage(f"RLFT: {name}", "rl_finetune", [*rl_common, *starts, f"--ckpt_path={rl_runs[name]}",
@@ -262,9 +263,11 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
         prefix = level_prefix(recipe, name)
         label = "evaluation" if index == 0 else f"evaluation ({name})"
 
-        def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label) -> None:
-            for row, result in zip(results, evaluate_side_by_side(eval_argv, configs, runs, logs, label, workers)):
-                row["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
+        def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label, rows=evaluation.rows) -> None:
+            playing = [i for i, row in enumerate(recipe.rows) if rows is None or row.name in rows]
+            found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers)
+            for i, result in zip(playing, found):
+                results[i]["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
 
         timed(label, evaluate_all)
         if index == 0 and recipe.accuracy is not None:
@@ -276,12 +279,16 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",
                        title=f"{recipe.title}, tiny-gpt2 (offline demo, seed {seed})")
+    for figure in recipe.figures:
+        shift = dict(figure.shift)
+        plot.plot_panel([(name, rl[name], shift.get(name, 0)) for name in figure.variants], folder / figure.file,
+                        xlabel=figure.xlabel, title=f"{figure.title} (seed {seed})")
     total = time.time() - started
     report = (f"# Reflect-RL demo: {recipe.title}, tiny-gpt2, offline, training seed {seed}\n\n"
               f"{paper_table(recipe, results)}\n{episodes_note(recipe, results)} per row (the same for every row and seed); "
               f"actions sampled at temperature 1, reflections greedy.\n\n"
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
-              f"Training curves: {curves}\n\n"
+              f"Training curves: {curves}" + "".join(f", {folder / figure.file}" for figure in recipe.figures) + "\n\n"
               f"Wall time: {total / 60:.1f} min (" + ", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()) + ")\n")
     (folder / "results.md").write_text(report, encoding="utf-8")
     say(f"seed {seed} ({folder / 'results.md'}):\n\n{report}")

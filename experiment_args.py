@@ -82,6 +82,9 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
             levels = ", ".join(f"{i} ({name})" for i, name in enumerate(CURRICULA))
             need(self.curriculum_index < len(CURRICULA), "curriculum_index",
                  f"Taxi has levels {levels}; got {self.curriculum_index}")
+        if self.curriculum_steps is not None:
+            need(sum(self.curriculum_steps) == self.max_steps, "curriculum_steps",
+                 f"{self.curriculum_steps} sum to {sum(self.curriculum_steps)}, but --max_steps is {self.max_steps}")
         self._warn_inapplicable()
         self._fall_back_without_cuda()
 

@@ -16,6 +16,7 @@ from envs import alfworld, auto_explore, taxi
 from envs.base import TextEnv
 from envs.curriculum import Curriculum
 from envs.spec import EnvSpec
+from utils.errors import UsageError
 
 # The registry: one line per environment (its module declares the spec).
 ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (taxi.SPEC, auto_explore.SPEC, alfworld.SPEC)}
@@ -44,8 +45,15 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
 
 
 def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
-    """The training curriculum the flags describe (a single level when no curriculum is on)."""
-    return env_spec(args.env).curriculum(args, max_steps or args.max_steps)
+    """The training curriculum the flags describe (a single level when no curriculum is on); with
+    ``--curriculum_steps``, its first levels for the iterations given."""
+    curriculum = env_spec(args.env).curriculum(args, max_steps or args.max_steps)
+    if args.curriculum_steps is None:
+        return curriculum
+    if len(args.curriculum_steps) > len(curriculum.levels):
+        raise UsageError(f"--curriculum_steps: {len(args.curriculum_steps)} counts, but the curriculum has "
+                         f"{len(curriculum.levels)} levels ({', '.join(level.name for level in curriculum.levels)})")
+    return curriculum.first(args.curriculum_steps)
 
 
 class EnvPool:

@@ -9,6 +9,8 @@ pieces (its ``SPEC.curriculum``):
   level; each level gets iterations in proportion to its number of tasks (the paper's
   schedule, ``envs.auto_explore_tasks.depth_curriculum``).
 * ``--curriculum_index k`` trains level k only, for all iterations.
+* ``--curriculum_steps n0 n1 ...`` trains the first levels, level i for n_i iterations (Taxi
+  ``--curriculum_steps 40 80``: pickup, then drop-off, the full task never).
 """
 
 from dataclasses import dataclass, field
@@ -50,6 +52,10 @@ class Curriculum:
             total += steps
             out.append(total)
         return out
+
+    def first(self, steps: list[int]) -> "Curriculum":
+        """The first ``len(steps)`` levels, level i for ``steps[i]`` iterations (``--curriculum_steps``)."""
+        return Curriculum(self.levels[:len(steps)], list(steps))
 
     def only(self, index: int) -> "Curriculum":
         """Train level ``index`` alone for all iterations (``--curriculum_index``)."""

@@ -37,6 +37,7 @@ from envs import env_kwargs, env_spec, make_env
 from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 from utils import checkpoints, models
+from utils.errors import UsageError
 
 SCRIPT = "evaluate"
 logger = logging.getLogger(__name__)
@@ -63,15 +64,7 @@ def test_episodes(args, env, reps: int, level_episodes: int = 0) -> list[Episode
     """The fixed test episodes of ``args.env``, ``reps`` per level, task or problem (its spec's held-out
     units; only those at ``--eval_levels`` if given), each labelled with its level; a level of few units
     repeats each ``ceil(level_episodes / units)`` times where that is more than ``reps``."""
-    units = env_spec(args.env).held_out(args, env)
-    if args.eval_levels is not None:
-        present = {level for _, level in units}
-        if not present & set(args.eval_levels):
-            raise ValueError(f"--eval_levels: no held-out unit is at any of {args.eval_levels} "
-                             f"(levels here: {sorted(present)})")
-        for level in sorted(set(args.eval_levels) - present):
-            logger.warning("--eval_levels: no held-out unit is at level %r; it gets no figure", level)
-        units = [(options, level) for options, level in units if level in args.eval_levels]
+    units = at_eval_levels(args, env_spec(args.env).held_out(args, env))
     per_level = Counter(level for _, level in units)
     return [EpisodeStart(seed=HELD_OUT_SEED + i, options=options, level=level)
             for options, level in units for i in range(max(reps, math.ceil(level_episodes / per_level[level])))]
@@ -79,9 +72,25 @@ def test_episodes(args, env, reps: int, level_episodes: int = 0) -> list[Episode
 
 def validation_episodes(args, env, reps: int) -> list[EpisodeStart]:
     """The fixed validation episodes of ``args.env``, ``reps`` per validation unit (its spec's
-    ``validation``), from seeds disjoint from :func:`test_episodes`' and from training's."""
+    ``validation``; only those at ``--eval_levels`` if given), from seeds disjoint from
+    :func:`test_episodes`' and from training's."""
     return [EpisodeStart(seed=VALIDATION_SEED + i, options=options, level=level)
-            for options, level in env_spec(args.env).validation_units(args, env) for i in range(reps)]
+            for options, level in at_eval_levels(args, env_spec(args.env).validation_units(args, env))
+            for i in range(reps)]
+
+
+def at_eval_levels(args, units: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
+    """The ``(options, level)`` units at ``--eval_levels`` (all without it); a level named but absent is
+    warned about, and none present is an error."""
+    if args.eval_levels is None:
+        return units
+    present = {level for _, level in units}
+    if not present & set(args.eval_levels):
+        raise UsageError(f"--eval_levels: no held-out unit is at any of {args.eval_levels} "
+                         f"(levels here: {sorted(present)})")
+    for level in sorted(set(args.eval_levels) - present):
+        logger.warning("--eval_levels: no held-out unit is at level %r; it gets no figure", level)
+    return [(options, level) for options, level in units if level in args.eval_levels]
 
 
 def load_configs(args, eval_load_list: list[dict]) -> list[dict]:

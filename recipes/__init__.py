@@ -2,7 +2,8 @@
 :class:`recipes.base.Recipe` in its own module, registered here by one line."""
 
 from recipes.auto_explore import RECIPE as AUTO_EXPLORE
+from recipes.taxi_dropoff import RECIPE as TAXI_DROPOFF
 from recipes.taxi_pickup import RECIPE as TAXI_PICKUP
 
-RECIPES = {recipe.name: recipe for recipe in (TAXI_PICKUP, AUTO_EXPLORE)}
+RECIPES = {recipe.name: recipe for recipe in (TAXI_PICKUP, AUTO_EXPLORE, TAXI_DROPOFF)}
 DEFAULT = TAXI_PICKUP.name  # `make demo` and `python demo.py`

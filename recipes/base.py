@@ -31,11 +31,27 @@ class SFTRole:
 
 @dataclass(frozen=True)
 class RLVariant:
-    """One RLFT run: the SFT roles it starts from (None: the base model; no reflector: no reflection)."""
+    """One RLFT run: the SFT roles it starts from (None: the base model; no reflector: no reflection), its
+    iterations per curriculum level (``--curriculum_steps``; empty: the environment's own split), and flags
+    of its own on top of the recipe's task (e.g. another curriculum)."""
 
     iterations: int
     policy: str | None = None
     reflector: str | None = None
+    level_steps: tuple[int, ...] = ()
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CurveFigure:
+    """A figure of validation-panel curves of some RL variants (``rl_finetune --eval_steps``), each run's
+    iterations shifted by ``shift[name]`` (e.g. to count drop-off iterations after a pickup curriculum)."""
+
+    file: str
+    title: str
+    variants: tuple[str, ...]
+    xlabel: str = "RL iteration"
+    shift: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,11 +65,12 @@ class Row:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One set of final evaluation episodes: its flags (given the data folder) and the levels it reports,
-    each a column of the table (``(result level, column name)``)."""
+    """One set of final evaluation episodes: its flags (given the data folder), the levels it reports, each a
+    column of the table (``(result level, column name)``), and the rows that play it."""
 
     flags: Callable[[Path], list[str]]
     columns: tuple[tuple[str, str], ...]
+    rows: tuple[str, ...] | None = None  # the rows it is played by (None: every row)
 
 
 def _no_flags(recipe: "Recipe", data_dir: Path) -> list[str]:
@@ -79,15 +96,27 @@ class Recipe:
     sft_flags: tuple[str, ...] = ("--per_device_train_batch_size=16", "--logging_steps=50")
     extra: dict[str, Any] = field(default_factory=dict)  # the recipe's own numbers (its data budget, ...)
     rl_flags: Callable[["Recipe", Path], list[str]] = _no_flags  # RL's flags given the data folder (task files)
+    figures: tuple[CurveFigure, ...] = ()  # validation curves beside rl_curves.png
 
     def __post_init__(self) -> None:
         missing = set(RUNNER_BUDGET) - set(self.budget)
         if missing:
             raise ValueError(f"recipe {self.name}: budget lacks {sorted(missing)}")
-        for variant in self.rl.values():
+        for name, variant in self.rl.items():
             for role in (variant.policy, variant.reflector):
                 if role is not None and role not in self.sft:
                     raise ValueError(f"recipe {self.name}: an RL variant starts from unknown SFT role {role!r}")
+            if variant.level_steps and sum(variant.level_steps) != variant.iterations:
+                raise ValueError(f"recipe {self.name}: RL variant {name!r} has {variant.iterations} iterations, but its "
+                                 f"levels' {list(variant.level_steps)} sum to {sum(variant.level_steps)}")
+        names = {row.name for row in self.rows}
+        for name, evaluation in self.evaluations.items():
+            if evaluation.rows is not None and not set(evaluation.rows) <= names:
+                raise ValueError(f"recipe {self.name}: evaluation {name!r} names unknown rows "
+                                 f"{sorted(set(evaluation.rows) - names)}")
+        for figure in self.figures:
+            if not set(figure.variants) | {name for name, _ in figure.shift} <= set(self.rl):
+                raise ValueError(f"recipe {self.name}: figure {figure.file!r} names an unknown RL variant")
         for row in self.rows:
             kind, _, source = row.policy.partition(":")
             known = self.sft if kind == "sft" else self.rl if kind == "rl" else {}

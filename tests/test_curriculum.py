@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from envs import curriculum_from_args
 from envs.auto_explore import AutoExploreEnv
@@ -116,3 +117,53 @@ def test_few_data_trains_on_the_first_tasks_only(make_args, task_file):
     assert [o["task"]["filename"] for o in level.options] == ["src/a.py", "b.py"]
     with pytest.raises(ValueError, match="--few_data: is for --env=alfworld or auto_explore, got --env=taxi"):
         make_args(env="taxi", few_data=2)
+
+
+def test_curriculum_steps_trains_the_first_levels_for_the_iterations_given(make_args):
+    args = make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[2, 3], max_steps=5)
+    curriculum = curriculum_from_args(args)
+    assert [level.name for level in curriculum.levels] == ["pickup", "dropoff"] and curriculum.steps == [2, 3]
+    assert [curriculum.level_at(i) for i in range(5)] == [0, 0, 1, 1, 1]
+    with pytest.raises(ValueError, match=r"--curriculum_steps: \[2, 3\] sum to 5, but --max_steps is 6"):
+        make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[2, 3], max_steps=6)
+    with pytest.raises(ValueError, match="--curriculum_steps: splits iterations over several levels"):
+        make_args(env="taxi", taxi_curriculum=True, curriculum_index=1, curriculum_steps=[2], max_steps=2)
+    with pytest.raises(ValueError, match="--curriculum_steps: needs --taxi_curriculum or --depth_curriculum"):
+        make_args(env="taxi", curriculum_steps=[2], max_steps=2)
+    with pytest.raises(ValueError, match="one count of at least 1 per level"):
+        make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[2, 0], max_steps=2)
+    with pytest.raises(ValueError, match="--curriculum_steps: 4 counts, but the curriculum has 3 levels"):
+        curriculum_from_args(make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[1, 1, 1, 1], max_steps=4))
+
+
+@pytest.mark.parametrize("mode", ["separate", "joint"])
+def test_pickup_then_dropoff_hands_over_the_level_and_the_replay_buffer_as_replay_mode_says(make_args, tmp_path,
+                                                                                            mode):
+    """A curriculum run of --curriculum_steps 3 3: pickup, then drop-off; the buffer is emptied at the hand-over
+    under --replay_mode separate (the paper's code) and kept under joint; the panel plays --eval_levels only."""
+    import rl_finetune
+    from utils import checkpoints, metrics
+
+    args = make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[3, 3], max_steps=6, save_steps=3,
+                     oracle_completion=True, per_device_eval_batch_size=8, learning_rate=1e-3, replay_mode=mode,
+                     replay_batch_size=2, eval_steps=3, eval_panel=2, eval_levels=["dropoff"], seed=1)
+    assert rl_finetune.main(args) == 0
+    (run,) = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
+    records = metrics.read_metrics(run)
+    training = [r for r in records if "level" in r]
+    assert [r["level"] for r in training] == ["pickup"] * 3 + ["dropoff"] * 3
+    panels = [r for r in records if "heldout_success" in r]
+    assert [r["step"] for r in panels] == [0, 3, 6] and all(r["heldout_episodes"] == 2 for r in panels)
+
+    def buffer(step: int) -> list[str]:
+        state = torch.load(run / f"checkpoint-{step}" / checkpoints.TRAINER_STATE_FILE, weights_only=False)
+        return [episode["level"] for episode in state["state"]["ranks"][0]["learner"]["replay"]["episodes"]]
+
+    assert buffer(3) and set(buffer(3)) == {"pickup"}  # pickup successes were kept for replay
+    after = buffer(6)
+    if mode == "separate":
+        assert "pickup" not in after  # emptied when drop-off began
+        assert training[3]["replayed"] == 0  # the first drop-off iteration had nothing to replay
+    else:
+        assert after[:len(buffer(3))] == buffer(3)  # kept across the hand-over
+        assert training[3]["replayed"] == 2

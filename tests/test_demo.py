@@ -19,10 +19,13 @@ ROWS = [row.name for row in TAXI.rows]
 
 def scaled(recipe, sft_steps: dict, iterations: int, **budget):
     """``recipe`` with a tiny budget: its pipeline and tables unchanged."""
+    def shrunk(variant):  # a curriculum run keeps its levels, each with ``iterations``
+        steps = tuple(iterations for _ in variant.level_steps)
+        return dataclasses.replace(variant, iterations=sum(steps) or iterations, level_steps=steps)
+
     return dataclasses.replace(
         recipe, sft={role: dataclasses.replace(spec, steps=sft_steps[role]) for role, spec in recipe.sft.items()},
-        rl={name: dataclasses.replace(variant, iterations=iterations) for name, variant in recipe.rl.items()},
-        budget=dict(recipe.budget, **budget))
+        rl={name: shrunk(variant) for name, variant in recipe.rl.items()}, budget=dict(recipe.budget, **budget))
 
 
 @pytest.fixture

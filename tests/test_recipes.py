@@ -85,3 +85,52 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
         assert [t["question"] for t in json.loads((other / f"{split}.json").read_text())] == \
                [t["question"] for t in json.loads((data / f"{split}.json").read_text())]
     assert (other / "sft_policy.jsonl").read_text() != (data / "sft_policy.jsonl").read_text()
+
+
+def test_taxi_dropoff_has_the_papers_rows_and_the_curriculum_ablation():
+    recipe = RECIPES["taxi_dropoff"]
+    assert [row.name for row in recipe.rows] == [
+        "SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "Reflect-RL w/o curriculum",
+        "SFT+RLFT w/o reflection, w/o curriculum", "Reflect-RL"]
+    assert [title for _, title in demo.columns(recipe)] == ["Taxi +drop-off", "full task: Taxi full task"]
+    cl, no_cl = recipe.rl["Reflect-RL"], recipe.rl["Reflect-RL w/o curriculum"]
+    assert len(cl.level_steps) == 2 and cl.level_steps[1] == no_cl.iterations  # as many drop-off iterations
+    assert "--curriculum_index=1" in no_cl.flags  # drop-off from the first iteration
+    assert recipe.rl["SFT+RLFT w/o reflection"].level_steps == cl.level_steps
+
+
+@pytest.mark.slow
+def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, monkeypatch):
+    """The drop-off column at a tiny budget: the curriculum runs train pickup then drop-off, the others drop-off
+    only; every run's panel plays drop-off validation episodes; every row is judged on drop-off and Reflect-RL
+    also on the full task; the final episodes are apart from training's and the panel's."""
+    import dataclasses
+
+    from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
+    from tests.test_demo import scaled
+    from utils import checkpoints, metrics
+
+    recipe = RECIPES["taxi_dropoff"]
+    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_episodes=4, panel_every=1, panel_episodes=2,
+                   accuracy_episodes=2)
+    monkeypatch.setitem(RECIPES, recipe.name, dataclasses.replace(small, extra=dict(recipe.extra, data_episodes=10)))
+    assert demo.main(["--task", "taxi_dropoff", f"--ckpt_path={tmp_path}", "--seed", "1"]) == 0
+    root = tmp_path / "demo" / "taxi_dropoff"
+    results = json.loads((root / "results.json").read_text())["1"]["results"]
+    assert [r["name"] for r in results] == [row.name for row in recipe.rows]
+    for result in results:
+        assert result["levels"]["dropoff"]["episodes"] == 4
+        assert ("full task: full" in result["levels"]) == (result["name"] == "Reflect-RL")
+    seed = root / "seed-1"
+    assert (seed / "dropoff_curves.png").is_file() and "–" in (seed / "results.md").read_text()
+    data = json.loads((seed / "data" / "data_reflection.json").read_text())
+    assert {r["state"].count("X") > 0 for r in data} == {True, False}  # pickup and drop-off states (X: carried)
+    for name, variant in small.rl.items():
+        (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{demo.slug(name)}", "rl_finetune")
+        records = metrics.read_metrics(run)
+        levels = [r["level"] for r in records if "level" in r]
+        assert levels == (["pickup"] * 2 + ["dropoff"] * 2 if variant.level_steps else ["dropoff"] * 2), name
+        assert all(r["heldout_episodes"] == 2 for r in records if "heldout_success" in r)  # drop-off only
+        episodes = [json.loads(x) for x in (run / f"checkpoint-{variant.iterations}" / "episodes.jsonl")
+                    .read_text().splitlines()]
+        assert all(e["seed"] < HELD_OUT_SEED < VALIDATION_SEED for e in episodes)

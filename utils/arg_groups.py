@@ -340,6 +340,10 @@ class CurriculumArguments(_Group):
         3, "AutoExplore curriculum: depths beyond the first k levels form one last level.")
     curriculum_index: int | None = _arg(
         None, "Train (or evaluate) one curriculum level only.")
+    curriculum_steps: list[int] | None = _arg(
+        None, "RL: iterations per curriculum level, in order, summing to --max_steps; levels past the list are not "
+        "trained (Taxi: --curriculum_steps 40 80 is pickup for 40 iterations, then drop-off for 80; default: the "
+        "environment's own split of --max_steps over every level).")
     few_data: int = _arg(
         0, "RL: train on the first N problems only: ALFWorld games of the training split (in path order, as the "
         "paper's --few_data) or AutoExplore tasks of --task_file (0: all). Evaluation is not affected.")
@@ -351,4 +355,11 @@ class CurriculumArguments(_Group):
         need(not self.merge_first_two or self.depth_curriculum, "merge_first_two", "needs --depth_curriculum")
         need(self.curriculum_index is None or self.taxi_curriculum or self.depth_curriculum, "curriculum_index",
               "needs --taxi_curriculum or --depth_curriculum")
+        if self.curriculum_steps is not None:
+            need(self.taxi_curriculum or self.depth_curriculum, "curriculum_steps",
+                 "needs --taxi_curriculum or --depth_curriculum")
+            need(self.curriculum_index is None, "curriculum_steps",
+                 f"splits iterations over several levels, but --curriculum_index {self.curriculum_index} trains one")
+            need(bool(self.curriculum_steps) and min(self.curriculum_steps) >= 1, "curriculum_steps",
+                 f"one count of at least 1 per level trained, got {self.curriculum_steps}")
         super().__post_init__()

@@ -117,6 +117,34 @@ def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None =
     return output
 
 
+def plot_panel(runs: list[tuple[str, Path, int]], output: Path, xlabel: str = "RL iteration",
+               title: str | None = None) -> Path:
+    """One panel: the validation success (``heldout_success``) of each ``(name, run directory, shift)`` as
+    measured, iterations shifted by ``shift`` (e.g. minus a pickup curriculum's iterations, so that every
+    run's drop-off training starts at 0, as the paper's Figure 4)."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
+    for name, path, shift in runs:
+        points = [(r["step"] - shift, r["heldout_success"]) for r in metrics.read_metrics(path)
+                  if isinstance(r.get("heldout_success"), (int, float))]
+        if not points:
+            raise ValueError(f"{path}: no validation-panel figure (heldout_success) to plot; was --eval_steps set?")
+        steps, values = zip(*points)
+        axis.plot(steps, values, marker="o", markersize=3, linewidth=2, label=name,
+                  linestyle="-" if "w/o reflection" not in name else "--")
+    if any(shift for _, _, shift in runs):
+        axis.axvline(0, color="grey", linewidth=1, alpha=0.6)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("validation success")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="best", fontsize=9)
+    if title:
+        axis.set_title(title)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=120)
+    plt.close(figure)
+    return output
+
+
 def main(args, window: int = 10) -> int:
     # Edit this list to plot your runs (the latest directory of each), e.g.
     # "Reflect-RL=results/12_rl_finetune"

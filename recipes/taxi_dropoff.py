@@ -1,0 +1,97 @@
+"""The Taxi +drop-off column, with the paper's curriculum ablation (its Figure 4): DangerousTaxi's drop-off
+level (the passenger already in the taxi, the destination to reach), offline, tiny-gpt2 on 2 CPU cores.
+
+The curriculum runs train pickup first, then drop-off (``--curriculum_steps``: the levels' own iterations),
+as the paper's "w/ CL" runs were trained with the pickup curriculum before drop-off; the two "w/o
+curriculum" runs train drop-off from their first iteration, for as many drop-off iterations. Every run's
+validation panel plays drop-off only, so the curves compare drop-off success over drop-off iterations.
+Every row is judged on drop-off episodes; Reflect-RL (with the curriculum) is also played on the full
+task, the passenger picked up and then delivered in one episode (reported only).
+
+The data, the SFT budgets and the RL settings are the pickup column's (``recipes/taxi_pickup.py``), with
+the data played on both levels the runs train on. Every departure from the paper's recipe is a number
+below or there, with its reason.
+"""
+
+from pathlib import Path
+
+import data_gen.taxi.gen_sft
+import data_gen.taxi.reflection
+from envs.taxi import CURRICULA, FULL
+from recipes import taxi_pickup
+from recipes.accuracy import reflector_accuracy
+from recipes.base import CurveFigure, Evaluation, Recipe, RLVariant, Row, paper_rows
+from utils.io import read_json, write_json
+
+PICKUP, DROPOFF = CURRICULA[0], CURRICULA[1]
+HORIZON = taxi_pickup.HORIZON  # drop-off, like pickup, takes at most 9 moves
+FULL_HORIZON = 20  # the full task takes up to 18
+TASK = ("--env=taxi", "--taxi_curriculum", f"--horizon={HORIZON}")  # the paper's pickup reward (replace)
+DATA_EPISODES = 2000  # per level played (pickup, drop-off)
+PICKUP_ITERATIONS = 40  # the curriculum runs' pickup phase, before their drop-off iterations
+DROPOFF_ITERATIONS = 80  # every run's drop-off iterations
+
+CL = dict(iterations=PICKUP_ITERATIONS + DROPOFF_ITERATIONS, level_steps=(PICKUP_ITERATIONS, DROPOFF_ITERATIONS))
+NO_CL = dict(iterations=DROPOFF_ITERATIONS, flags=("--curriculum_index=1",))
+RL = {
+    "Reflect-RL": RLVariant(**CL, policy="policy", reflector="reflector"),
+    "SFT+RLFT w/o reflection": RLVariant(**CL, policy="plain"),
+    "RLFT only": RLVariant(**CL),
+    "Reflect-RL w/o curriculum": RLVariant(**NO_CL, policy="policy", reflector="reflector"),
+    "SFT+RLFT w/o reflection, w/o curriculum": RLVariant(**NO_CL, policy="plain"),
+}
+ROWS = paper_rows(Row("Reflect-RL w/o curriculum", "rl:Reflect-RL w/o curriculum", "reflector"),
+                  Row("SFT+RLFT w/o reflection, w/o curriculum", "rl:SFT+RLFT w/o reflection, w/o curriculum"))
+BUDGET = {**taxi_pickup.BUDGET,
+          "panel_every": 10}  # the drop-off curve: the validation panel every 10 iterations
+
+
+def data(recipe: Recipe, seed: int, out: Path) -> list:
+    """'oracle + random' episodes on each level the runs train (pickup, drop-off), joined, then the SFT files."""
+    levels = recipe.extra["data_levels"]
+    steps = [(data_gen.taxi.reflection.main,
+              [*recipe.task, f"--curriculum_index={CURRICULA.index(level)}", "--api=oracle",
+               f"--num_episodes={recipe.extra['data_episodes']}", f"--random_prob={recipe.extra['data_random_prob']}",
+               f"--output_dir={out / level}", f"--seed={seed}"]) for level in levels]
+    joined = out / "data_reflection.json"
+    return [*steps, (join_records([out / level / "data_reflection.json" for level in levels], joined), []),
+            (data_gen.taxi.gen_sft.main, ["--env=taxi", "--model_name=tiny-gpt2", f"--task_file={joined}"])]
+
+
+def join_records(sources: list[Path], target: Path):
+    """A data step: the JSON lists of ``sources`` written one after the other to ``target``."""
+    def main(_args) -> int:
+        write_json(target, [record for source in sources for record in read_json(source)])
+        return 0
+    return main
+
+
+def _levels(*levels: str, horizon: int = HORIZON) -> list[str]:
+    return [f"--horizon={horizon}", "--eval_levels", *levels]
+
+
+RECIPE = Recipe(
+    name="taxi_dropoff", title="DangerousTaxi drop-off", task=TASK, data=data, sft=taxi_pickup.SFT,
+    sft_streams=(("reflector",), ("policy", "plain")), rl=RL,
+    # a reflecting iteration costs about twice one without: the two streams about equally long
+    rl_streams=(("Reflect-RL", "SFT+RLFT w/o reflection, w/o curriculum"),
+                ("Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection", "RLFT only")),
+    rows=ROWS, rl_flags=lambda recipe, data_dir: ["--eval_levels", DROPOFF],  # the panel plays drop-off
+    evaluations={"held-out": Evaluation(lambda data_dir: _levels(DROPOFF), ((DROPOFF, "Taxi +drop-off"),)),
+                 "full task": Evaluation(lambda data_dir: _levels(FULL, horizon=FULL_HORIZON),
+                                         ((FULL, "Taxi full task"),), rows=("Reflect-RL",))},
+    budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
+    extra={"data_episodes": DATA_EPISODES, "data_random_prob": taxi_pickup.DATA_RANDOM_PROB,
+           "data_levels": [PICKUP, DROPOFF]},
+    figures=(CurveFigure("dropoff_curves.png", "Taxi drop-off: validation success (the paper's Figure 4)",
+                         ("Reflect-RL", "Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection",
+                          "SFT+RLFT w/o reflection, w/o curriculum"), xlabel="drop-off iteration",
+                         shift=(("Reflect-RL", PICKUP_ITERATIONS), ("SFT+RLFT w/o reflection", PICKUP_ITERATIONS))),),
+    departures=(
+        *(d for d in taxi_pickup.RECIPE.departures if not d[0].startswith("pickup bonus")),
+        (f"horizon {HORIZON} on pickup and drop-off, {FULL_HORIZON} on the full task (the paper: 15)",
+         "each level's longest plan fits, and running out of time costs what crashing does"),
+        (f"{PICKUP_ITERATIONS} pickup, then {DROPOFF_ITERATIONS} drop-off iterations (the paper: thousands)",
+         "a CPU budget of 25 minutes a seed"),
+    ),
+)
