@@ -48,13 +48,15 @@ from evaluation import evaluate
 from experiment_args import parse_args
 from recipes import DEFAULT, RECIPES
 from recipes.base import Recipe
+from recipes.paper_table import markdown as beside_the_paper
 from utils import checkpoints
-from utils.io import write_json
+from utils.io import write_json, write_text_atomic
 from utils.paths import RESULTS_DIR
 from visualization import plot
 
 SEED = 0
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
+ALL = "all"  # --task all: every recipe, and the paper's table over them
 FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
 
 
@@ -147,7 +149,8 @@ def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, floa
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="demo.py", description=__doc__.split("\n\n")[0])
-    cli.add_argument("--task", default=DEFAULT, choices=sorted(RECIPES), help="the column of the paper's table")
+    cli.add_argument("--task", default=DEFAULT, choices=[*sorted(RECIPES), ALL],
+                     help=f"the column of the paper's table ({ALL}: every recipe, then results/demo/paper_table.md)")
     cli.add_argument("--seed", type=int, default=SEED, help="training seed of the whole pipeline")
     cli.add_argument("--seeds", type=int, nargs="+", help="several training seeds, one table over them")
     cli.add_argument("--ckpt_path", default=str(RESULTS_DIR), help="results go to CKPT_PATH/demo/")
@@ -159,14 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--seeds: each seed once, got {seeds}")
     if options.workers < 1:
         cli.error(f"--workers: at least 1, got {options.workers}")
-    recipe = RECIPES[options.task]
-    root = Path(options.ckpt_path) / "demo"
-    root = root if recipe.name == DEFAULT else root / recipe.name
-    runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers) for seed in seeds}
-    report = seeds_report(recipe, runs)
-    (root / "results.md").write_text(report, encoding="utf-8")
-    (root / "results.json").write_text(json.dumps({str(s): r for s, r in runs.items()}, indent=2) + "\n")
-    say(f"results over seeds {seeds} ({root / 'results.md'}):\n\n{report}")
+    top = Path(options.ckpt_path) / "demo"
+    recipes = list(RECIPES.values()) if options.task == ALL else [RECIPES[options.task]]
+    done = []
+    for recipe in recipes:
+        root = top if recipe.name == DEFAULT else top / recipe.name
+        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers) for seed in seeds}
+        report = seeds_report(recipe, runs)
+        write_text_atomic(root / "results.md", report)
+        write_json(root / "results.json", {str(s): r for s, r in runs.items()})
+        say(f"results over seeds {seeds} ({root / 'results.md'}):\n\n{report}")
+        done.append((recipe, runs))
+    if options.task == ALL:
+        table = beside_the_paper(done)
+        write_text_atomic(top / "paper_table.md", table)
+        say(f"the paper's table beside ours ({top / 'paper_table.md'}):\n\n{table}")
     return 0
 
 

@@ -1,0 +1,58 @@
+"""The paper's main table (GPT-2 XL, success %), and ours beside it: ``demo.py --task all`` writes
+``results/demo/paper_table.md`` from every recipe's seeds.
+
+The paper's numbers live here and nowhere else. A column is named as the recipe's main evaluation names
+it; a column no recipe reports yet is shown with the paper's numbers and "not run".
+"""
+
+import numpy as np
+
+ROWS = ("SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "SFT+RLFT w/o negative",
+        "Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection, w/o curriculum", "Reflect-RL")
+# (column, {row: the paper's success %}); a row the paper does not report is absent
+PAPER = (
+    ("AutoExplore depth 1", {"SFT only": 4, "RLFT only": 12, "SFT+RLFT w/o reflection": 20,
+                             "SFT+RLFT w/o negative": 33, "Reflect-RL": 36}),
+    ("AutoExplore depth 2", {"SFT only": 9, "RLFT only": 3, "SFT+RLFT w/o reflection": 4,
+                             "SFT+RLFT w/o negative": 12, "Reflect-RL": 17}),
+    ("Taxi pickup", {"SFT only": 7, "RLFT only": 2, "SFT+RLFT w/o reflection": 6, "Reflect-RL": 58}),
+    ("Taxi +drop-off", {"SFT only": 0, "RLFT only": 0, "SFT+RLFT w/o reflection": 0, "Reflect-RL": 29}),
+    ("ALFWorld", {"SFT only": 0, "RLFT only": 0, "SFT+RLFT w/o reflection": 66, "Reflect-RL": 74}),
+)
+
+
+def ours_by_column(recipe_runs: list[tuple]) -> dict[str, dict[str, list[float]]]:
+    """``{column title: {row: [success % per seed]}}`` over ``(recipe, {seed: run})`` pairs, from each
+    recipe's main evaluation (the columns of the paper's table)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for recipe, runs in recipe_runs:
+        for level, title in next(iter(recipe.evaluations.values())).columns:
+            column = out.setdefault(title, {})
+            for run in runs.values():
+                for result in run["results"]:
+                    if level in result["levels"]:
+                        column.setdefault(result["name"], []).append(100 * result["levels"][level]["success"])
+    return out
+
+
+def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2") -> str:
+    """The table: per row and column, our mean over seeds with its range, and the paper's figure."""
+    ours = ours_by_column(recipe_runs)
+    columns = [title for title, _ in PAPER] + [title for title in ours if title not in dict(PAPER)]
+    paper = dict(PAPER)
+    seeds = sorted({seed for _, runs in recipe_runs for seed in runs})
+    lines = [f"# The paper's table beside ours ({model}, offline, CPU; seeds {', '.join(map(str, seeds))})", "",
+             "Each cell: our mean success over the seeds (min–max) / the paper's (GPT-2 XL). "
+             "'–': the row is not in that column; 'not run': no recipe reports that column yet.", "",
+             "| model / method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for row in ROWS:
+        cells = []
+        for column in columns:
+            values = ours.get(column, {}).get(row)
+            theirs = paper.get(column, {}).get(row)
+            mine = (f"{np.mean(values):.1f}% ({min(values):.1f}–{max(values):.1f})" if values else
+                    "not run" if column not in ours and theirs is not None else "–")
+            cells.append(mine if theirs is None else f"{mine} / {theirs}%")
+        if any(cell != "–" for cell in cells):
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
