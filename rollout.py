@@ -20,8 +20,10 @@ Prompts come from ``prompts.py`` (the builder SFT data uses), left-padded, and c
 the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 """
 
+import contextlib
 import dataclasses
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -296,7 +298,12 @@ class TwoPlayerRollout:
             if env.label_set != self.labels:
                 raise ValueError(f"an environment shows the labels {env.label_set[:12]}..., the policy reads "
                                  f"{self.labels[:12]}...: build it with make_env(..., labels=rollout.labels)")
-        slots = [Slot.begin(env, start) for env, start in zip(envs, starts)]
+        with _pool(envs) as pool:
+            return self._run(envs, starts, rng, pool)
+
+    def _run(self, envs: list[TextEnv], starts: list[EpisodeStart], rng: np.random.Generator,
+             pool: ThreadPoolExecutor | None) -> list[Episode]:
+        slots = _each(pool, lambda pair: Slot.begin(*pair), list(zip(envs, starts)))
         running = slots
         while running:
             step_seed = int(rng.integers(2**31 - 1))
@@ -313,10 +320,7 @@ class TwoPlayerRollout:
                 valid = [list(range(len(self.labels)))] * len(free)  # one list, never changed
             for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
                 slot.decide(prompt, labels, choice)
-            for slot in running:
-                if slot.replaying:  # still in a branch's replayed prefix: the recorded decision
-                    slot.replay_decision()
-                slot.advance()
+            _each(pool, Slot.play, running)
             running = [slot for slot in running if not slot.done]
         return [slot.episode for slot in slots]
 
@@ -335,6 +339,20 @@ class TwoPlayerRollout:
                                                 s.env.text_layout) for s in ask], seed)
         for slot, text in zip(ask, texts):
             slot.reflection = text
+
+
+def _pool(envs: list[TextEnv]):
+    """Threads to wait on several environments at once, where their games run in other processes (an
+    ALFWorld reset or step is spent in its worker); none otherwise."""
+    if len(envs) > 1 and any(env.plays_elsewhere for env in envs):
+        return ThreadPoolExecutor(max_workers=len(envs), thread_name_prefix="env")
+    return contextlib.nullcontext()
+
+
+def _each(pool: ThreadPoolExecutor | None, work, items: list) -> list:
+    """``work`` on every item, in order: on the pool's threads if there is one (each env used by one
+    thread; results and errors as if done one after the other)."""
+    return list(pool.map(work, items)) if pool is not None else [work(item) for item in items]
 
 
 @dataclass(eq=False)  # slots are compared by identity
@@ -379,6 +397,12 @@ class Slot:
             obs=self.obs, prompt=prompt, valid=valid, action=choice.action, logprob=choice.logprob,
             entropy=choice.entropy,
             reflection=self.reflection, oracle=None if oracle is None else self.env.label_set.index(oracle)))
+
+    def play(self) -> None:
+        """Play this step's decision: the recorded one while in a branch's replayed prefix."""
+        if self.replaying:
+            self.replay_decision()
+        self.advance()
 
     def replay_decision(self) -> None:
         self.episode.decisions.append(dataclasses.replace(self.start.replay[self.step]))

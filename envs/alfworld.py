@@ -59,6 +59,7 @@ class ALFWorldEnv(TextEnv):
     """
 
     default_horizon = 30
+    plays_elsewhere = True  # each env's game runs in its own worker process
     action_head = "The actions you can take now is:"
     analyze_instruction = (
         "Analyze the situation: what has happened so far, was the last action useful, "
@@ -72,7 +73,7 @@ class ALFWorldEnv(TextEnv):
                  expert: str = "handcoded", timeout: float = 60.0,
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
                  problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0,
-                 history_steps: int = 0, text_layout: str = "ours"):
+                 history_steps: int = 0, text_layout: str = "ours", memoise_translation: bool = True):
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
                          text_layout=text_layout)
         if history_steps < 0:
@@ -105,7 +106,7 @@ class ALFWorldEnv(TextEnv):
                 raise ValueError(f"scratch_dir {scratch_parent} is inside the ALFWorld data; choose another folder")
             scratch_parent.mkdir(parents=True, exist_ok=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="alfworld_", dir=scratch_dir))
-        self._worker = _Worker(self.scratch)
+        self._worker = _Worker(self.scratch, memoise_translation)
         self._finalizer = weakref.finalize(self, _release, self._worker, self.scratch)
 
         self.problem: Path | None = None
@@ -258,9 +259,22 @@ def _curriculum(args, max_steps: int) -> Curriculum:
     return single_level(args.alfworld_task or "alfworld", [{}], max_steps)
 
 
+def family(problem: str | os.PathLike) -> str:
+    """A trial's task family, its level: 'pick_and_place_simple-Tomato-None-Microwave' for
+    '.../pick_and_place_simple-Tomato-None-Microwave-13/trial_T2019...'."""
+    return re.sub(r"-\d+$", "", Path(problem).parent.name)
+
+
 def _held_out(args, env) -> list[tuple[dict, str]]:
-    """Every problem of the held-out split, named by its trial folder's family."""
-    return [({"problem": str(problem)}, Path(problem).parent.name) for problem in env.problems]
+    """Every problem of the held-out split (the valid trials), at its family's level."""
+    return [({"problem": str(problem)}, family(problem)) for problem in env.problems]
+
+
+def _validation(args, env) -> list[tuple[dict, str]]:
+    """The RL panel's problems: those of the training split (``--alfworld_split``), played at validation seeds,
+    never the held-out trials (a family of a few trials, such as the paper's 7, leaves none to split off)."""
+    problems = find_problems(env.data_root, args.alfworld_split, args.alfworld_task) if env.data_root else env.problems
+    return [({"problem": str(problem)}, family(problem)) for problem in problems]
 
 
 # The system message of an API model playing it (evaluation.gpt_agent).
@@ -272,5 +286,6 @@ API_INSTRUCTIONS = (
 
 
 SPEC = EnvSpec(name="alfworld", make=ALFWorldEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
+               validation=_validation,
                data_steps=("data_gen.alfworld.reflection", "data_gen.alfworld.gen_sft"),
                exclusive_flags=("few_data",), api_instructions=API_INSTRUCTIONS)

@@ -36,8 +36,9 @@ class _Worker:
     Holds no reference to the env, so that the env's finalizer can shut it down.
     """
 
-    def __init__(self, scratch: Path):
+    def __init__(self, scratch: Path, memoise: bool = True):
         self.scratch = scratch
+        self.memoise = memoise  # the worker remembers its PDDL translations (alfworld_worker.memoise_translation)
         self.process = None
         self.conn = None
 
@@ -52,7 +53,7 @@ class _Worker:
         # "spawn", not fork: the parent may hold torch threads and CUDA state.
         context = multiprocessing.get_context("spawn")
         conn, child_conn = context.Pipe()
-        process = context.Process(target=serve, args=(child_conn, str(self.scratch)), daemon=True,
+        process = context.Process(target=serve, args=(child_conn, str(self.scratch), self.memoise), daemon=True,
                                   name="alfworld-worker")
         process.start()
         # Closing our copy of the child's end is what lets a dead worker read as EOF here.

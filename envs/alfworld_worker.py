@@ -16,6 +16,7 @@ reset or step with ``("ok", state)`` (see :func:`_state`) or ``("error", message
 
 import json
 import os
+import pickle
 import random
 import shutil
 import traceback
@@ -64,14 +65,42 @@ def _state(obs, score, done, infos) -> dict:
     }
 
 
+def memoise_translation() -> None:
+    """Make textworld's PDDL-to-SAS translation (fast_downward.pddl2sas) remember its answers in this process.
+
+    A reset translates the game's domain and problem four times (about 6 s of a real game's 6.5 s), and the
+    answer depends on those texts and the flags alone; a problem played again (the same trial) then resets in
+    about 0.5 s. Each call gets its own copy (unpickled), so nothing the game changes is shared between
+    episodes: the episodes are the same as without the memo (tests/test_alfworld.py).
+    """
+    import fast_downward
+
+    translate = fast_downward.pddl2sas
+    if getattr(translate, "memoised", False):
+        return
+    answers: dict[tuple, bytes] = {}
+
+    def remembered(domain: str, problem: str, verbose: bool = False, optimize: bool = False):
+        key = (domain, problem, verbose, optimize)
+        if key not in answers:
+            answers[key] = pickle.dumps(translate(domain, problem, verbose=verbose, optimize=optimize))
+        return pickle.loads(answers[key])
+
+    remembered.memoised = True
+    remembered.__wrapped__ = translate
+    fast_downward.pddl2sas = remembered
+
+
 class _Game:
     """One textworld game at a time, restarted from a freshly built game file at each reset."""
 
-    def __init__(self):
+    def __init__(self, memoise: bool = True):
         import textworld
         import textworld.gym
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
+        if memoise:
+            memoise_translation()
         self._textworld = textworld
         self._wrappers = (AlfredDemangler, AlfredInfos, AlfredExpert)
         self._env = None
@@ -109,13 +138,13 @@ class _Game:
             self._env = None
 
 
-def serve(conn, alfworld_data: str) -> None:
+def serve(conn, alfworld_data: str, memoise: bool = True) -> None:
     """The worker's main loop (the ``target`` of its process)."""
     # Importing alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) if missing;
     # point it at the env's scratch folder so that nothing appears in the user's home.
     os.environ.setdefault("ALFWORLD_DATA", alfworld_data)
     try:
-        game = _Game()
+        game = _Game(memoise)
     except Exception as error:  # reported to the parent, which raises it
         conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
         return

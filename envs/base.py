@@ -109,6 +109,8 @@ class TextEnv(gymnasium.Env):
     paper_instructs: bool = False  # does the paper's code give its reflector an instruction (Taxi only)?
     default_horizon: int = 20
     shuffle_within_shown: bool = False
+    # The game runs in another process (ALFWorld): a batch's resets and steps wait on several at once.
+    plays_elsewhere: bool = False
 
     def __init__(self, horizon: int | None = None, shuffle_action: bool = False, render_mode: str | None = None,
                  labels=None, text_layout: str = "ours", first_step: bool = False, oracle_completion: bool = False):

@@ -325,6 +325,72 @@ def test_real_game_oracle_wins():
     env.close()
 
 
+def _played_twice(memoise: bool, problems: list, seeds: tuple[int, ...]) -> tuple[list, list[float]]:
+    """Each problem played from each seed, twice over (the second time from a warm worker): every episode's
+    trace (oracle and random labels mixed), and each reset's seconds."""
+    import time
+
+    env = ALFWorldEnv(problems=problems, memoise_translation=memoise, horizon=12)
+    traces, seconds = [], []
+    try:
+        for _ in range(2):
+            for problem in problems:
+                for seed in seeds:
+                    tic = time.perf_counter()
+                    obs, info = env.reset(seed=seed, options={"problem": str(problem)})
+                    seconds.append(time.perf_counter() - tic)
+                    rng, trace, done = np.random.default_rng(seed), [(obs, info["labels"], info["oracle_label"])], False
+                    while not done:
+                        label = info["oracle_label"] if rng.random() < 0.5 else info["labels"][rng.integers(len(info["labels"]))]
+                        obs, reward, terminated, truncated, info = env.step(label)
+                        trace.append((obs, reward, terminated, info["labels"], info["oracle_label"]))
+                        done = terminated or truncated
+                    traces.append(trace)
+    finally:
+        env.close()
+    return traces, seconds
+
+
+def test_memoised_translation_plays_the_same_episodes():
+    """The worker's memo of textworld's PDDL translation is exact: the same episodes with and without it."""
+    with_memo, _ = _played_twice(True, [FIXTURE], (0, 1))
+    without, _ = _played_twice(False, [FIXTURE], (0, 1))
+    assert with_memo == without and len(with_memo) == 4
+
+
+@pytest.mark.slow
+def test_memoised_translation_on_a_real_game_is_exact():
+    """(Its speed is measured by benchmarks.env_speed: a real game resets in about 6 s, then 0.5 s.)"""
+    (problem,) = find_problems(TOMATO, "train", PAPER_TASK)[:1]
+    with_memo, _ = _played_twice(True, [problem], (3,))
+    without, _ = _played_twice(False, [problem], (3,))
+    assert with_memo == without
+
+
+def test_a_batch_plays_its_games_side_by_side_with_the_same_episodes(make_args, monkeypatch):
+    """A batch of ALFWorld episodes waits on its worker processes at once (rollout._pool); the episodes are
+    those of playing the envs one after the other."""
+    import rollout as rollout_module
+    from rollout import EpisodeStart, TwoPlayerRollout
+    from utils import models
+
+    args = make_args()
+    policy, tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    player = TwoPlayerRollout.from_args(args, policy, tokenizer)
+    envs = [ALFWorldEnv(problems=[FIXTURE], horizon=6, labels=player.labels) for _ in range(3)]
+    starts = [EpisodeStart(seed=seed, options={}) for seed in (4, 5, 6)]
+    try:
+        assert rollout_module._pool(envs) is not None  # threads for envs that play elsewhere
+        together = player.run(envs, starts, np.random.default_rng(1))
+        monkeypatch.setattr(rollout_module, "_pool", lambda envs: rollout_module.contextlib.nullcontext())
+        alone = player.run(envs, starts, np.random.default_rng(1))
+    finally:
+        for env in envs:
+            env.close()
+    assert [e.to_dict() for e in together] == [e.to_dict() for e in alone]
+    assert all(len(e.decisions) == 6 or e.success for e in together)
+
+
 def test_data_folder_untouched(data_before):
     """Runs last: nothing above may have written into the shared data."""
     assert snapshot(DATA) == data_before

@@ -164,3 +164,56 @@ def test_task_all_runs_every_recipe_and_writes_the_papers_table_beside_ours(tmp_
         "ALFWorld": "not run / 74%"}
     negative = next(line for line in table.splitlines() if line.startswith("| SFT+RLFT w/o negative |"))
     assert "/ 33%" in negative and "| – |" in negative  # AutoExplore's ablation; not a Taxi row
+
+
+def test_alfworld_has_the_papers_rows_on_the_papers_family():
+    recipe = RECIPES["alfworld"]
+    assert [row.name for row in recipe.rows] == ["SFT only", "SFT only, with reflection", "RLFT only",
+                                                 "SFT+RLFT w/o reflection", "Reflect-RL"]
+    assert "--alfworld_task=pick_and_place_simple-Tomato-None-Microwave" in recipe.task
+    assert recipe.budget["eval_level_episodes"] >= 200
+
+
+@pytest.mark.slow
+@pytest.mark.alfworld
+def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_ones(tmp_path, monkeypatch):
+    """The ALFWorld column at a tiny budget on a copy of the hand-made game as its train and valid trials: RL
+    and its validation panel play the train trials, the final evaluation the valid ones (repeated to its
+    minimum), at seeds apart from each other's."""
+    import dataclasses
+    import importlib.util
+    import shutil
+
+    from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
+    from tests.test_demo import scaled
+    from utils import checkpoints
+    from utils.paths import SHARED_DIR
+
+    if importlib.util.find_spec("alfworld") is None:
+        pytest.skip("alfworld is not installed")
+    fixture = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
+    root = tmp_path / "alfworld"
+    for split, trial in (("train", "trial_a"), ("train", "trial_b"), ("valid_seen", "trial_c"),
+                         ("valid_unseen", "trial_d"), ("valid_train", "trial_e")):
+        shutil.copytree(fixture, root / split / fixture.parent.name / trial)
+    recipe = RECIPES["alfworld"]
+    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=3, panel_every=1,
+                   panel_episodes=1, rl_batch=2, rl_replay=1, eval_batch=3)
+    task = tuple(f"--alfworld_data={root}" if flag.startswith("--alfworld_data") else
+                 "--horizon=6" if flag.startswith("--horizon") else flag for flag in recipe.task)
+    monkeypatch.setitem(RECIPES, recipe.name, dataclasses.replace(small, task=task,
+                                                                  extra=dict(recipe.extra, data_episodes=3)))
+    assert demo.main(["--task", "alfworld", f"--ckpt_path={tmp_path}", "--seed", "0"]) == 0
+    results = json.loads((tmp_path / "demo" / "alfworld" / "results.json").read_text())["0"]["results"]
+    assert [r["name"] for r in results] == [row.name for row in recipe.rows]
+    family = "pick_and_place_simple-Tomato-None-Microwave"
+    assert all(r["levels"][family]["episodes"] == 3 and r["levels"][family]["units"] == 3 for r in results)
+    seed = tmp_path / "demo" / "alfworld" / "seed-0"
+    assert {r["problem"] for r in json.loads((seed / "data" / "data_reflection.json").read_text())} == {
+        f"train/{fixture.parent.name}/trial_a", f"train/{fixture.parent.name}/trial_b"}
+    for name in small.rl:
+        (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{demo.slug(name)}", "rl_finetune")
+        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["heldout_episodes"] == 2 for r in records if "heldout_success" in r)  # the 2 train trials
+        episodes = [json.loads(x) for x in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
+        assert all(e["seed"] < HELD_OUT_SEED < VALIDATION_SEED for e in episodes)
