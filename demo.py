@@ -3,7 +3,8 @@
     python demo.py                        # Taxi pickup, training seed 0 (`make demo`)
     python demo.py --seed 2               # the whole pipeline with training seed 2
     python demo.py --seeds 0 1 2          # every seed, then one table: each row's mean and range
-    python demo.py --task auto_explore    # another column (recipes.RECIPES)
+    python demo.py --task auto_explore    # another column (recipes.RECIPES: taxi_dropoff, alfworld, ...)
+    python demo.py --task all --seeds 0 1 2   # every column, then the paper's table beside ours
 
 A recipe (``recipes/``) holds a column's budget and its departures from the paper with their
 reasons. Per training seed the runner plays it the same way for every column:
@@ -13,7 +14,8 @@ reasons. Per training seed the runner plays it the same way for every column:
 3. RLFT of each variant, each playing a fixed validation panel every few iterations (the curves);
 4. evaluation of every row on the recipe's fixed held-out episodes (disjoint from every training
    seed's and from the validation panel's, the same for every seed), and the reflector's accuracy;
-5. a results table shaped like the paper's, and a plot of the RL curves.
+5. a results table shaped like the paper's, a plot of the RL curves, and the recipe's own figures of
+   validation curves (e.g. the drop-off column's Figure 4).
 
 Independent stages run side by side in ``--workers`` processes (2), each stage's output in ``seed-N/logs/``.
 A seed that finished with the same settings is read back from its ``finished.json`` instead of run again,

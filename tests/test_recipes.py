@@ -161,9 +161,14 @@ def test_task_all_runs_every_recipe_and_writes_the_papers_table_beside_ours(tmp_
     assert dict(zip(columns, cells)) == {
         "AutoExplore depth 1": "20.0% (10.0–30.0) / 36%", "AutoExplore depth 2": "20.0% (10.0–30.0) / 17%",
         "Taxi pickup": "20.0% (10.0–30.0) / 58%", "Taxi +drop-off": "20.0% (10.0–30.0) / 29%",
-        "ALFWorld": "not run / 74%"}
+        "ALFWorld": "20.0% (10.0–30.0) / 74%"}
     negative = next(line for line in table.splitlines() if line.startswith("| SFT+RLFT w/o negative |"))
     assert "/ 33%" in negative and "| – |" in negative  # AutoExplore's ablation; not a Taxi row
+    from recipes.paper_table import markdown
+
+    pickup_only = markdown([(RECIPES["taxi_pickup"], {0: _fake_run(RECIPES["taxi_pickup"], 0.5)})])
+    row = next(line for line in pickup_only.splitlines() if line.startswith("| Reflect-RL |"))
+    assert "| 50.0% (50.0–50.0) / 58% |" in row and "| not run / 74% |" in row  # a column no recipe reported
 
 
 def test_alfworld_has_the_papers_rows_on_the_papers_family():
