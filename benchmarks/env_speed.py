@@ -5,7 +5,7 @@
 Random policy, fixed seeds. AutoExplore explores this project's ``data_gen`` folder (or
 ``--repo_dir``); ALFWorld runs the hand-made fixture and, when ``--alfworld_data`` (or
 ``$ALFWORLD_DATA``) is given, the real tomato→microwave games there, with and without the worker's
-memo of the PDDL translation (``envs.alfworld_worker.memoise_translation``).
+memo of the engine's PDDL translation and grammar parsing (``envs.alfworld_worker.memoise_engine``).
 """
 
 import os
@@ -64,9 +64,9 @@ def main(args) -> int:
     data = args.alfworld_data or os.environ.get("ALFWORLD_DATA")
     if data:  # 6 episodes over 2 games; with the memo a game played again resets without re-translating
         for memoise in (False, True):
-            env = make_env("alfworld", data_root=data, horizon=10, memoise_translation=memoise)
+            env = make_env("alfworld", data_root=data, horizon=10, memoise_engine=memoise)
             games = env.problems[:2]
-            rows.append((f"alfworld (tomato->microwave, train; translation {'memoised' if memoise else 'not memoised'})",
+            rows.append((f"alfworld (tomato->microwave, train; engine {'memoised' if memoise else 'not memoised'})",
                          measure(env, lambda rng, games=games: {"problem": str(games[int(rng.integers(2))])}, 6,
                                  args.seed)))
     print("\n| environment | episodes | steps | reset (median, ms) | steps/s |\n|---|---:|---:|---:|---:|")

@@ -55,7 +55,8 @@ class ALFWorldEnv(TextEnv):
     ``options={"problem": path}`` at reset plays that trial folder (``RuntimeError`` if it
     fails or is blocked); otherwise a problem is drawn from ``self.problems`` minus the blocked
     ones. ``info["problem"]`` names the trial folder being played. ``few_data`` (``--few_data``) keeps
-    the first N problems only.
+    the first N problems only. ``memoise_engine=False`` turns off the worker's memo of the engine's pure
+    answers (``alfworld_worker.memoise_engine``: the same episodes, slower), for comparisons.
     """
 
     default_horizon = 30
@@ -73,7 +74,7 @@ class ALFWorldEnv(TextEnv):
                  expert: str = "handcoded", timeout: float = 60.0,
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
                  problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0,
-                 history_steps: int = 0, text_layout: str = "ours", memoise_translation: bool = True):
+                 history_steps: int = 0, text_layout: str = "ours", memoise_engine: bool = True):
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
                          text_layout=text_layout)
         if history_steps < 0:
@@ -106,7 +107,7 @@ class ALFWorldEnv(TextEnv):
                 raise ValueError(f"scratch_dir {scratch_parent} is inside the ALFWorld data; choose another folder")
             scratch_parent.mkdir(parents=True, exist_ok=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="alfworld_", dir=scratch_dir))
-        self._worker = _Worker(self.scratch, memoise_translation)
+        self._worker = _Worker(self.scratch, memoise_engine)
         self._finalizer = weakref.finalize(self, _release, self._worker, self.scratch)
 
         self.problem: Path | None = None

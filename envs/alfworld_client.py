@@ -38,7 +38,7 @@ class _Worker:
 
     def __init__(self, scratch: Path, memoise: bool = True):
         self.scratch = scratch
-        self.memoise = memoise  # the worker remembers its PDDL translations (alfworld_worker.memoise_translation)
+        self.memoise = memoise  # the worker remembers the engine's pure answers (alfworld_worker.memoise_engine)
         self.process = None
         self.conn = None
 

@@ -65,30 +65,43 @@ def _state(obs, score, done, infos) -> dict:
     }
 
 
-def memoise_translation() -> None:
-    """Make textworld's PDDL-to-SAS translation (fast_downward.pddl2sas) remember its answers in this process.
+def memoise_engine() -> None:
+    """Make the game engine remember, in this process, the answers of its pure and costly parts:
 
-    A reset translates the game's domain and problem four times (about 6 s of a real game's 6.5 s), and the
-    answer depends on those texts and the flags alone; a problem played again (the same trial) then resets in
-    about 0.5 s. Each call gets its own copy (unpickled), so nothing the game changes is shared between
-    episodes: the episodes are the same as without the memo (tests/test_alfworld.py).
+    * the PDDL-to-SAS translation (``fast_downward.pddl2sas``): a reset translates the game's domain and
+      problem four times, about 6 s of a real game's 6.5 s, so a game played again resets in about 0.5 s;
+    * the parsing of textworld's text-grammar templates and logic queries (``_parse_and_convert`` of
+      ``textworld.envs.pddl.textgen`` and ``textworld.logic``): a step parses the same few hundred strings
+      again and again to write its feedback, two thirds of its time.
+
+    Each answer depends on its arguments alone; each call gets its own copy (unpickled), so nothing the game
+    changes is shared between calls or episodes: the episodes are those without the memo
+    (tests/test_alfworld.py).
     """
     import fast_downward
+    import textworld.envs.pddl.textgen
+    import textworld.logic
 
-    translate = fast_downward.pddl2sas
-    if getattr(translate, "memoised", False):
+    _remember(fast_downward, "pddl2sas")
+    _remember(textworld.logic, "_parse_and_convert")
+    _remember(textworld.envs.pddl.textgen, "_parse_and_convert")
+
+
+def _remember(module, name: str) -> None:
+    """Replace ``module.name`` by a memo of it, keyed on its (hashable) arguments, answering copies."""
+    compute = getattr(module, name)
+    if hasattr(compute, "__wrapped__"):
         return
     answers: dict[tuple, bytes] = {}
 
-    def remembered(domain: str, problem: str, verbose: bool = False, optimize: bool = False):
-        key = (domain, problem, verbose, optimize)
+    def remembered(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
         if key not in answers:
-            answers[key] = pickle.dumps(translate(domain, problem, verbose=verbose, optimize=optimize))
+            answers[key] = pickle.dumps(compute(*args, **kwargs))
         return pickle.loads(answers[key])
 
-    remembered.memoised = True
-    remembered.__wrapped__ = translate
-    fast_downward.pddl2sas = remembered
+    remembered.__wrapped__ = compute
+    setattr(module, name, remembered)
 
 
 class _Game:
@@ -100,7 +113,7 @@ class _Game:
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
         if memoise:
-            memoise_translation()
+            memoise_engine()
         self._textworld = textworld
         self._wrappers = (AlfredDemangler, AlfredInfos, AlfredExpert)
         self._env = None

@@ -9,7 +9,7 @@ plays the train trials at validation seeds (new task sentences, never the valid 
 trials there is none to spare for a validation split.
 
 The game engine sets the budget: a real game resets in about 6 s (0.5 s once its PDDL translation is
-remembered by its worker: ``envs.alfworld_worker.memoise_translation``) and plays about 7 steps a second,
+remembered by its worker: ``envs.alfworld_worker.memoise_engine``) and plays about 7 steps a second,
 on one core. A batch's games run side by side in their worker processes (``rollout._pool``). The evaluation
 alone (five rows, 200 episodes each, up to 30 steps) is over 25,000 game steps: about an hour on the
 2-core machine. The README says what a seed took.

@@ -34,7 +34,7 @@ from data_gen.auto_explore import (
 )
 from data_gen.auto_explore.reflection_negative import advised_command
 from recipes.accuracy import reflector_accuracy
-from recipes.base import Evaluation, Recipe, RLVariant, Row, SFTRole, paper_rows
+from recipes.base import CurveFigure, Evaluation, Recipe, RLVariant, Row, SFTRole, paper_rows
 
 TASK_SEED = 0  # the benchmark (repositories, tasks, their split) is the same for every training seed: one
 # evaluation set for all seeds; the training seed draws the trajectories (their wrong turns), SFT and RL
@@ -121,6 +121,8 @@ RECIPE = Recipe(
                  "generalisation": _evaluation("holdout.json", f"--eval_reps={GENERALISATION_REPS}",
                                                "--eval_level_episodes=0")},
     budget=BUDGET, rl_flags=rl_flags, accuracy=reflector_accuracy(advised_command),
+    figures=(CurveFigure("negatives_curves.png", "AutoExplore: validation success with and without negative examples "
+                         "(the paper's Figure 3)", ("Reflect-RL", "SFT+RLFT w/o negative")),),
     departures=(
         ("file views of ~60 tokens (the paper: ~500)", "a CPU budget: the texts' length decides an SFT step's cost"),
         ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "

@@ -330,7 +330,7 @@ def _played_twice(memoise: bool, problems: list, seeds: tuple[int, ...]) -> tupl
     trace (oracle and random labels mixed), and each reset's seconds."""
     import time
 
-    env = ALFWorldEnv(problems=problems, memoise_translation=memoise, horizon=12)
+    env = ALFWorldEnv(problems=problems, memoise_engine=memoise, horizon=12)
     traces, seconds = [], []
     try:
         for _ in range(2):
@@ -351,16 +351,17 @@ def _played_twice(memoise: bool, problems: list, seeds: tuple[int, ...]) -> tupl
     return traces, seconds
 
 
-def test_memoised_translation_plays_the_same_episodes():
-    """The worker's memo of textworld's PDDL translation is exact: the same episodes with and without it."""
+def test_the_memoised_engine_plays_the_same_episodes():
+    """The worker's memo of the engine (PDDL translation, grammar parsing) is exact: the same episodes with and
+    without it."""
     with_memo, _ = _played_twice(True, [FIXTURE], (0, 1))
     without, _ = _played_twice(False, [FIXTURE], (0, 1))
     assert with_memo == without and len(with_memo) == 4
 
 
 @pytest.mark.slow
-def test_memoised_translation_on_a_real_game_is_exact():
-    """(Its speed is measured by benchmarks.env_speed: a real game resets in about 6 s, then 0.5 s.)"""
+def test_the_memoised_engine_on_a_real_game_is_exact():
+    """(Its speed is measured by benchmarks.env_speed.)"""
     (problem,) = find_problems(TOMATO, "train", PAPER_TASK)[:1]
     with_memo, _ = _played_twice(True, [problem], (3,))
     without, _ = _played_twice(False, [problem], (3,))

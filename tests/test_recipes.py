@@ -76,7 +76,7 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     episodes = len(depth2) * math.ceil(6 / len(depth2))  # each task alike, to the minimum of 6
     assert f"AutoExplore depth 2: {episodes} episodes of {len(depth2)} distinct tasks" in report
     assert "| accuracy | " in report and run["reflector_accuracy"]["all"][1] > 0
-    assert (root / "seed-3" / "rl_curves.png").is_file()
+    assert (root / "seed-3" / "rl_curves.png").is_file() and (root / "seed-3" / "negatives_curves.png").is_file()
 
     other = tmp_path / "seed-4"  # another training seed: the same benchmark, other trajectories
     for main, argv in recipe.data(recipe, 4, other):
