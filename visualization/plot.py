@@ -111,6 +111,10 @@ def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None =
         labelled[0].legend(loc="best", fontsize=9)
     if title:
         figure.suptitle(title)
+    return _save(figure, output)
+
+
+def _save(figure, output: Path) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=120)
     plt.close(figure)
@@ -139,10 +143,7 @@ def plot_panel(runs: list[tuple[str, Path, int]], output: Path, xlabel: str = "R
     axis.legend(loc="best", fontsize=9)
     if title:
         axis.set_title(title)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=120)
-    plt.close(figure)
-    return output
+    return _save(figure, output)
 
 
 def main(args, window: int = 10) -> int:
