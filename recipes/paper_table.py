@@ -7,8 +7,6 @@ it; a column no recipe reports yet is shown with the paper's numbers and "not ru
 
 import numpy as np
 
-ROWS = ("SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "SFT+RLFT w/o negative",
-        "Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection, w/o curriculum", "Reflect-RL")
 # (column, {row: the paper's success %}); a row the paper does not report is absent
 PAPER = (
     ("AutoExplore depth 1", {"SFT only": 4, "RLFT only": 12, "SFT+RLFT w/o reflection": 20,
@@ -35,6 +33,18 @@ def ours_by_column(recipe_runs: list[tuple]) -> dict[str, dict[str, list[float]]
     return out
 
 
+def row_order(recipe_runs: list[tuple]) -> list[str]:
+    """Every row of the recipes run and of the paper, each recipe's (and the paper's) own order kept: a row not
+    yet placed goes just before the first of its successors that is (a column's ablations before Reflect-RL)."""
+    order: list[str] = []
+    for names in [[row.name for row in recipe.rows] for recipe, _ in recipe_runs] + [list(rows) for _, rows in PAPER]:
+        for i, name in enumerate(names):
+            if name not in order:
+                after = next((later for later in names[i + 1:] if later in order), None)
+                order.insert(order.index(after) if after else len(order), name)
+    return order
+
+
 def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2") -> str:
     """The table: per row and column, our mean over seeds with its range, and the paper's figure."""
     ours = ours_by_column(recipe_runs)
@@ -45,7 +55,7 @@ def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2") -> str:
              "Each cell: our mean success over the seeds (min–max) / the paper's (GPT-2 XL). "
              "'–': the row is not in that column; 'not run': no recipe reports that column yet.", "",
              "| model / method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    for row in ROWS:
+    for row in row_order(recipe_runs):
         cells = []
         for column in columns:
             values = ours.get(column, {}).get(row)

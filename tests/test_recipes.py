@@ -171,6 +171,16 @@ def test_task_all_runs_every_recipe_and_writes_the_papers_table_beside_ours(tmp_
     assert "| 50.0% (50.0–50.0) / 58% |" in row and "| not run / 74% |" in row  # a column no recipe reported
 
 
+def test_the_papers_table_lists_every_row_of_the_recipes_run_each_in_its_order():
+    from recipes.paper_table import row_order
+
+    dropoff = [row.name for row in RECIPES["taxi_dropoff"].rows]
+    assert row_order([(RECIPES["taxi_dropoff"], {})]) == [*dropoff[:-1], "SFT+RLFT w/o negative", "Reflect-RL"]
+    assert row_order([(RECIPES[name], {}) for name in ("taxi_pickup", "auto_explore", "taxi_dropoff")]) == [
+        "SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "SFT+RLFT w/o negative",
+        "Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection, w/o curriculum", "Reflect-RL"]
+
+
 def test_alfworld_has_the_papers_rows_on_the_papers_family():
     recipe = RECIPES["alfworld"]
     assert [row.name for row in recipe.rows] == ["SFT only", "SFT only, with reflection", "RLFT only",
