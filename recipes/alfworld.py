@@ -26,23 +26,25 @@ from utils.paths import SHARED_DIR
 
 DATA = SHARED_DIR / "alfworld" / "tomato_microwave_json_2.1.1"  # the paper's family, unpacked (../shared)
 FAMILY = "pick_and_place_simple-Tomato-None-Microwave"
-HORIZON = 30  # the handcoded expert's plans on these games take up to about 20 commands
+HORIZON = 15  # the paper's
+# A policy prompt is the room (about 270 tokens), the history (about 50 a step) and the admissible commands
+# (about 430): the whole history of a 15-step episode would double what the policy reads at its end.
+HISTORY_STEPS = 3
 DATA_EPISODES = 120
 TASK = ("--env=alfworld", f"--alfworld_data={DATA}", f"--alfworld_task={FAMILY}", "--shuffle_action",
-        f"--horizon={HORIZON}")
+        f"--horizon={HORIZON}", f"--alfworld_history_steps={HISTORY_STEPS}")
 
-# ALFWorld's texts hold the whole history (the paper's), a few hundred to a thousand tokens: batches of 8
-# texts of similar length, as AutoExplore's.
+# ALFWorld's texts are 500 to 1,000 tokens: batches of 8 texts of similar length, as AutoExplore's.
 SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=20")
 SFT = {
-    "reflector": SFTRole("sft_reflection.jsonl", 300, 2e-3, "cosine"),
-    "policy": SFTRole("sft_policy.jsonl", 200, 1e-3, "cosine"),
-    "plain": SFTRole("sft.jsonl", 200, 1e-3, "cosine"),
+    "reflector": SFTRole("sft_reflection.jsonl", 150, 2e-3, "cosine"),
+    "policy": SFTRole("sft_policy.jsonl", 80, 1e-3, "cosine"),
+    "plain": SFTRole("sft.jsonl", 80, 1e-3, "cosine"),
 }
 RL = {
-    "Reflect-RL": RLVariant(20, policy="policy", reflector="reflector"),
-    "SFT+RLFT w/o reflection": RLVariant(20, policy="plain"),
-    "RLFT only": RLVariant(20),
+    "Reflect-RL": RLVariant(8, policy="policy", reflector="reflector"),
+    "SFT+RLFT w/o reflection": RLVariant(8, policy="plain"),
+    "RLFT only": RLVariant(8),
 }
 BUDGET = {**taxi_pickup.BUDGET,
           "rl_batch": 8,  # 8 games side by side, each in its worker
@@ -51,8 +53,8 @@ BUDGET = {**taxi_pickup.BUDGET,
           "eval_episodes": 1,
           "eval_level_episodes": 200,  # the 4 valid trials, 50 episodes each
           "eval_batch": 16,
-          "panel_every": 10,
-          "panel_episodes": 2,  # per train trial: 14 validation episodes
+          "panel_every": 4,
+          "panel_episodes": 1,  # per train trial: 7 validation episodes
           "accuracy_episodes": 1}
 
 
