@@ -16,6 +16,7 @@ FILE.yaml``, explicit command-line flags.
 """
 
 import argparse
+import contextvars
 import dataclasses
 import logging
 import sys
@@ -27,16 +28,20 @@ import yaml
 from transformers import HfArgumentParser
 
 from utils.arg_groups import (
+    RL_SCRIPT,
+    SFT_SCRIPT,
     CurriculumArguments,
     EnvArguments,
     ModelArguments,
     OptimArguments,
     RLArguments,
-    flag_owners,
+    applicability,
+    arg_metadata,
+    cuda_available,
     need,
 )
-from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
-from utils.checkpoints import SETTINGS_FILE
+from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments, read_input
+from utils.checkpoints import SETTINGS_FILE, TRAINER_STATE_FILE
 from utils.errors import UsageError
 from utils.parity import PRESETS
 
@@ -45,24 +50,12 @@ logger = logging.getLogger(__name__)
 # Flags a resumed run may set differently from the run it continues.
 RESUME_MAY_CHANGE = ("max_steps", "save_steps", "logging_steps", "ckpt_path", "resume_from", "config")
 
+# What a script's --resume_from continues from besides setting.yml: the trainer state it wrote there.
+RESUME_STATE = {RL_SCRIPT: TRAINER_STATE_FILE, SFT_SCRIPT: "trainer_state.json"}
 
-# Flags that only mean something under another setting: a value other than the default
-# there is reported (one warning), not silently ignored.
-_ONLY_WITH = {
-    "replay_buffer_size": ("--trainer pg", lambda a: a.trainer == "pg"),
-    "replay_batch_size": ("--trainer pg", lambda a: a.trainer == "pg"),
-    "pg_normalize": ("--trainer pg", lambda a: a.trainer == "pg"),
-    "replay_mode": ("--trainer pg", lambda a: a.trainer == "pg"),
-    "bnb_4bit_quant_type": ("--load_in_4bit", lambda a: a.load_in_4bit),
-    "bnb_4bit_compute_dtype": ("--load_in_4bit", lambda a: a.load_in_4bit),
-    "use_nested_quant": ("--load_in_4bit", lambda a: a.load_in_4bit),
-    "ppo_clip": ("--trainer ppo", lambda a: a.trainer == "ppo"),
-    "ppo_epochs": ("--trainer ppo", lambda a: a.trainer == "ppo"),
-    "refuel_eta": ("--trainer refuel", lambda a: a.trainer == "refuel"),
-    "entropy_coef": ("--trainer pg or ppo", lambda a: a.trainer in ("pg", "ppo")),
-    "merge_after_first_k": ("--depth_curriculum", lambda a: a.depth_curriculum),
-    "cpu_bf16": ("no CUDA device", lambda a: not _cuda_available()),
-}
+# The script being parsed for (script_name of parse_args' prog; None: a caller that did not say), read by
+# the "does not apply" warning for conditions that hold in some scripts only.
+_SCRIPT: contextvars.ContextVar[str | None] = contextvars.ContextVar("script", default=None)
 
 
 @dataclass
@@ -89,13 +82,20 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
         self._fall_back_without_cuda()
 
     def _warn_inapplicable(self) -> None:
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        """One warning naming every flag set (away from its default, or its --preset's value) where it has no
+        effect: the conditions of :func:`utils.arg_groups.applicability`, those of this script included."""
         from envs import ENVS
 
-        only_with = {**_ONLY_WITH, **{flag: (f"--env {' or '.join(names)}", lambda a, names=names: a.env in names)
-                                      for flag, names in flag_owners(ENVS, "own_flags").items()}}
-        idle = [f"--{name} (only with {where})" for name, (where, applies) in only_with.items()
-                if getattr(self, name) != defaults[name] and not applies(self)]
+        fields = dataclasses.fields(self)
+        chosen = {f.name: f.default for f in fields} | PRESETS.get(self.preset, {})
+        script = _SCRIPT.get()
+        idle = []
+        for name, conditions in applicability(fields, ENVS).items():
+            if getattr(self, name) == chosen[name]:
+                continue
+            unmet = [c for c in conditions if c.checked_in(script) and not c.holds(self)]
+            if unmet:
+                idle.append(f"--{name} (only with {unmet[0].where})")
         if idle:
             logger.warning("these settings do not apply to this run and are ignored: %s", ", ".join(idle))
 
@@ -146,9 +146,7 @@ GROUPS = (ModelArguments, OptimArguments, EnvArguments, RLArguments, CurriculumA
 
 
 def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    return cuda_available()
 
 
 def _cpu_native_bf16() -> bool | None:
@@ -194,7 +192,7 @@ class _GroupedParser(HfArgumentParser):
             section = self.add_argument_group(group.TITLE)
             for f in dataclasses.fields(group):
                 clone = dataclasses.field(default=f.default, default_factory=f.default_factory,
-                                          metadata=dict(f.metadata))
+                                          metadata=arg_metadata(f))
                 clone.name, clone.type = f.name, hints[f.name]
                 self._parse_dataclass_field(section, clone)
                 if clone.type == bool | None:
@@ -209,12 +207,11 @@ def build_parser(prog: str | None = None) -> HfArgumentParser:
 
 
 def _load_yaml(path: Path, flag: str) -> dict:
-    if not path.is_file():
-        raise ValueError(f"{flag}: no such file {str(path)!r}")
+    text = read_input(path, flag)
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        values = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
-        raise ValueError(f"{flag}: {path} is not valid YAML: {error}") from None
+        raise ValueError(f"{flag}: {path} is not valid YAML: {' '.join(str(error).split())}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{flag}: {path} must hold a mapping of flag names to values")
     return values
@@ -261,20 +258,26 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     pre.add_argument("--resume_from")
     pre.add_argument("--preset")
     known, _ = pre.parse_known_args(argv)
+    script = script_name(parser.prog)
     try:
         config = _load_yaml(Path(known.config), "--config") if known.config else {}
         explicit = _to_argv(config, f"--config: {known.config}") + argv
         resume_from = known.resume_from or config.get("resume_from")
         saved = {}
         if resume_from:
+            check_resumable(Path(resume_from), script, parser.prog)
             saved = _load_yaml(Path(resume_from) / SETTINGS_FILE, "--resume_from")
         # Precedence, lowest first: a resumed run's settings, the preset, --config, the command line.
         preset = known.preset or config.get("preset") or saved.get("preset")
         preset_argv = _to_argv(PRESETS.get(preset, {}), f"--preset={preset}")
-        (args,) = parser.parse_args_into_dataclasses(
-            args=_to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
-                          f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit,
-            look_for_args_file=False)
+        parsing = _SCRIPT.set(script)
+        try:
+            (args,) = parser.parse_args_into_dataclasses(
+                args=_to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
+                              f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit,
+                look_for_args_file=False)
+        finally:
+            _SCRIPT.reset(parsing)
         if env is not None:
             require_env(args, env, parser.prog)
         if args.resume_from:
@@ -282,6 +285,30 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def script_name(prog: str) -> str:
+    """The entry point a ``prog`` names: ``rl_finetune`` for ``rl_finetune.py``, ``evaluation.evaluate`` for
+    ``python -m evaluation.evaluate``."""
+    word = prog.split()[-1] if prog.split() else prog
+    return word.removesuffix(".py").replace("/", ".")
+
+
+def check_resumable(path: Path, script: str, prog: str) -> None:
+    """``--resume_from`` must be a checkpoint folder that ``script`` wrote (it holds that script's trainer
+    state, :data:`RESUME_STATE`): another script's checkpoint would hand this run its settings, an SFT data
+    file as RL's task file, say, and the error would be about that file."""
+    if not path.is_dir():
+        raise UsageError(f"--resume_from: no such checkpoint folder {str(path)!r}")
+    state = RESUME_STATE.get(script)
+    if state is None or (path / state).is_file():
+        return
+    writer = next((name for name, file in RESUME_STATE.items() if (path / file).is_file()), None)
+    if writer is None:
+        raise UsageError(f"--resume_from: {path} is no checkpoint of {prog} (it has no {state})")
+    start = f" (to start RL from it, give --load_dir {path})" if script == RL_SCRIPT else ""
+    raise UsageError(f"--resume_from: {path} is a checkpoint of {writer}.py; {prog} continues its own runs "
+                     f"only{start}")
 
 
 def run_script(main, prog: str, env: str | None = None) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from envs import curriculum_from_args, env_kwargs, make_env
+from envs import check_inputs, curriculum_from_args, env_kwargs, make_env
 from envs.curriculum import Curriculum
 from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, run_script
@@ -41,11 +41,13 @@ def main(args) -> int:
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    check_inputs(args)  # a bad task file or data root stops the run here, before a model loads or a run folder is made
     seeding.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
     if args.resume_from:
         check_resume(args)
     rollout = TwoPlayerRollout.load(args, args.resume_from or args.load_dir, args.reflect_load_dir,
-                                    reflect=args.use_reflection, trainable=True)
+                                    reflect=args.use_reflection, trainable=True,
+                                    flags=("--resume_from" if args.resume_from else "--load_dir", "--reflect_load_dir"))
     learner = LEARNERS[args.trainer](LearnerSettings.from_args(args), rollout.scorer, accelerator)
     curriculum = curriculum_from_args(args)
     rng = np.random.default_rng([args.seed, accelerator.process_index])  # each rank draws its own episodes

@@ -33,7 +33,7 @@ from transformers import GenerationConfig
 
 from envs.base import TextEnv
 from prompts import clean_reflection, label_alphabet, label_token_ids, policy_prompt, reflection_prompt
-from utils import models
+from utils import checkpoints, models
 
 logger = logging.getLogger(__name__)
 
@@ -218,11 +218,20 @@ class TwoPlayerRollout:
 
     @classmethod
     def load(cls, args, policy_dir: str | None, reflect_dir: str | None, *, reflect: bool, trainable: bool = False,
-             shrink_head: bool | None = None) -> "TwoPlayerRollout":
+             shrink_head: bool | None = None,
+             flags: tuple[str, str] = ("--load_dir", "--reflect_load_dir")) -> "TwoPlayerRollout":
         """Load the two players as the flags describe (the one loader of RL, evaluation and the benchmarks):
         the policy from ``policy_dir`` (trainable or frozen; with the label head when ``shrink_head``,
         default ``--shrink_head``) and, when ``reflect``, the frozen reflector from ``reflect_dir``
-        (``--reflect_model_name``; without a folder, the untuned base model, with a warning)."""
+        (``--reflect_model_name``; without a folder, the untuned base model, with a warning).
+
+        Each folder is checked first (``checkpoints.check_checkpoint``: a checkpoint of the player it is
+        loaded as, fit for this run's settings); a bad one stops the run with one line naming its
+        ``flags`` entry (where it came from: ``--load_dir``, ``--resume_from``, an evaluation entry)."""
+        if policy_dir is not None:
+            checkpoints.check_checkpoint(args, policy_dir, checkpoints.POLICY, flags[0])
+        if reflect and reflect_dir is not None:
+            checkpoints.check_checkpoint(args, reflect_dir, checkpoints.REFLECTOR, flags[1])
         shrink_head = args.shrink_head if shrink_head is None else shrink_head
         policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=policy_dir, trainable=trainable,
                                                            shrink_head=shrink_head)

@@ -7,7 +7,8 @@ after the analyze marker (reflection data; an EOS is appended so the model learn
 stop), or the choice label after the action marker (policy data). ``--reflect=True``/
 ``False`` insists on one kind. Prompts longer than ``--max_seq_length`` lose their
 beginning. Checkpoints land in ``results/<id>_supervised_pretrain/checkpoint-N/`` with
-their ``setting.yml``; ``--resume_from CHECKPOINT`` continues a run.
+their ``setting.yml`` and ``role.json`` (a reflector or a policy, as the texts end);
+``--resume_from CHECKPOINT`` continues a run.
 """
 
 import json
@@ -29,6 +30,7 @@ from prompts import (
     write_label_file,
 )
 from utils import checkpoints, metrics, models, seeding
+from utils.arg_groups_io import read_input
 from utils.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -40,10 +42,8 @@ def read_texts(task_file: str | None) -> list[str]:
     if not task_file:
         raise UsageError("--task_file: give the SFT .jsonl file (lines of {\"text\": ...})")
     path = Path(task_file)
-    if not path.is_file():
-        raise UsageError(f"--task_file: no such file {task_file!r}")
     texts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_input(path, "--task_file").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -100,11 +100,12 @@ class PadCollator:
 
 
 class RunFiles(TrainerCallback):
-    """Logs to the run's metrics.jsonl/TensorBoard; saves setting.yml and the choice labels
-    (``labels.json``) into each checkpoint."""
+    """Logs to the run's metrics.jsonl/TensorBoard; saves setting.yml, the choice labels (``labels.json``)
+    and what the checkpoint is (``role.json``: the reflector or the policy, as the data's texts say) into
+    each checkpoint."""
 
-    def __init__(self, args, run_dir: Path, labels: tuple[str, ...]):
-        self.args, self.run_dir, self.labels = args, run_dir, labels
+    def __init__(self, args, run_dir: Path, labels: tuple[str, ...], role: checkpoints.CheckpointRole):
+        self.args, self.run_dir, self.labels, self.role = args, run_dir, labels, role
         self.metrics = metrics.MetricLogger(run_dir)
         self.steps_done = 0  # optimiser steps taken by this process (a resumed run starts later)
 
@@ -120,6 +121,7 @@ class RunFiles(TrainerCallback):
             checkpoint = self.run_dir / f"checkpoint-{state.global_step}"
             checkpoints.save_settings(checkpoint, self.args)
             write_label_file(checkpoint, self.labels, self.args.model_name)
+            checkpoints.write_role(checkpoint, self.role)
 
     def on_train_end(self, training_args, state, control, **kwargs):
         self.metrics.close()
@@ -134,10 +136,9 @@ def check_data_labels(args, tokenizer, texts: list[str]) -> None:
                      "--task_file's folder")
 
 
-def build_dataset(args, tokenizer):
+def build_dataset(args, tokenizer, texts: list[str]):
     from datasets import Dataset
 
-    texts = read_texts(args.task_file)
     check_data_labels(args, tokenizer, texts)
     examples = [encode_example(tokenizer, t, args.max_seq_length, args.reflect) for t in texts]
     kept = [e for e in examples if e is not None]
@@ -152,7 +153,8 @@ def build_dataset(args, tokenizer):
 def main(args) -> int:
     seeding.set_seed(args.seed)
     model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
-    dataset = build_dataset(args, tokenizer)
+    texts = read_texts(args.task_file)
+    dataset = build_dataset(args, tokenizer, texts)
     run_dir = checkpoints.make_run_dir(args, SCRIPT)
     print(f"[supervised_pretrain] output directory: {run_dir}", flush=True)
     training_args = TrainingArguments(
@@ -180,7 +182,7 @@ def main(args) -> int:
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
     )
-    files = RunFiles(args, run_dir, label_alphabet(tokenizer))
+    files = RunFiles(args, run_dir, label_alphabet(tokenizer), checkpoints.sft_role(texts))
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
                       data_collator=PadCollator(tokenizer.pad_token_id), processing_class=tokenizer,
                       callbacks=[files])

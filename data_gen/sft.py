@@ -17,12 +17,14 @@ Three files, each line ``{"text": ...}``:
 * ``sft_policy.jsonl`` — the Reflect-RL policy: policy prompt with the reflection + label.
 """
 
+import json
 from pathlib import Path
 
 from data_gen.common import print_counts
 from prompts import LABELS, policy_sft_text, reflection_sft_text, relabel, relabel_label, write_label_file
+from utils.arg_groups_io import read_input
 from utils.errors import UsageError
-from utils.io import read_json, write_jsonl
+from utils.io import write_jsonl
 
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 
@@ -41,16 +43,11 @@ LABEL_KEYS = {"taken": "taken", "oracle": "action"}  # --sft_label -> the record
 
 
 def sft_labels(args) -> tuple[str, ...]:
-    """The choice labels of ``--model_name`` (the model the texts are for), or a one-line error."""
+    """The choice labels of ``--model_name`` (the model the texts are for), or a one-line error
+    (``models.load_tokenizer``'s: no such folder, nothing to download ...)."""
     from utils import models
 
-    try:
-        return models.policy_labels(args)
-    except OSError as error:  # no such folder, no hub access, ...
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"--model_name {args.model_name!r}: cannot load its tokenizer to choose the choice labels "
-                         f"of the SFT texts ({first}); give the model you will fine-tune (a local folder, a .gguf "
-                         "file or tiny-gpt2)") from None
+    return models.policy_labels(args)
 
 
 def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "",
@@ -70,15 +67,32 @@ def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: st
     return counts
 
 
+def read_records(task_file: Path, label: str) -> list[dict]:
+    """The reflection step's records in ``task_file``, each with the fields :func:`write_sft_files` reads (its
+    state, its reflection, the label ``--sft_label`` names), or a ``UsageError`` naming the file and record."""
+    try:
+        records = json.loads(read_input(task_file, "--task_file"))
+    except json.JSONDecodeError as error:
+        raise UsageError(f"--task_file: {task_file} is not valid JSON ({error})") from None
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        raise UsageError(f"--task_file: {task_file} must hold a JSON list of records (the reflection step's "
+                         "data_reflection.json)")
+    key = LABEL_KEYS[label]
+    for index, record in enumerate(records):
+        if key not in record and "state" in record:
+            raise UsageError(f"--sft_label {label}: record {index} of {task_file} has no {key!r} field "
+                             "(written before records kept it); run the reflection step again")
+        missing = [name for name in ("state", "reflection", key) if not isinstance(record.get(name), str)]
+        if missing:
+            raise UsageError(f"--task_file: record {index} of {task_file} has no string field "
+                             f"{' or '.join(map(repr, missing))} (give the reflection step's data_reflection.json)")
+    return records
+
+
 def gen_sft_main(args, env_cls, default_input: Path, step: str) -> int:
     """``python -m data_gen.<env>.gen_sft``: the three files next to the reflection data (or in --output_dir)."""
     task_file = Path(args.task_file or default_input)
-    records = read_json(task_file)
-    key = LABEL_KEYS[args.sft_label]
-    stale = next((i for i, r in enumerate(records) if key not in r), None)
-    if stale is not None:
-        raise ValueError(f"--sft_label {args.sft_label}: record {stale} of {task_file} has no {key!r} field "
-                         "(written before records kept it); run the reflection step again")
+    records = read_records(task_file, args.sft_label)
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     labels = sft_labels(args)
     counts = write_sft_files(records, env_cls, out_dir, label=args.sft_label, labels=labels, model=args.model_name,

@@ -44,6 +44,13 @@ def env_kwargs(args, *, evaluation: bool = False, run_dir: Path | None = None, s
     return env_spec(args.env).kwargs(args, evaluation=evaluation, run_dir=run_dir, split=split, labels=labels)
 
 
+def check_inputs(args, *, evaluation: bool = False) -> None:
+    """Stop with one line (``UsageError``) if a file or folder the flags name for ``--env`` cannot serve
+    (``EnvSpec.inputs``); training's inputs, or with ``evaluation`` the held-out ones. RL and evaluation call
+    it first, before a model is loaded or a run folder made."""
+    env_spec(args.env).inputs(args, evaluation=evaluation)
+
+
 def curriculum_from_args(args, max_steps: int | None = None) -> Curriculum:
     """The training curriculum the flags describe (a single level when no curriculum is on); with
     ``--curriculum_steps``, its first levels for the iterations given."""

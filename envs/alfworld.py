@@ -41,6 +41,7 @@ from envs.alfworld_client import _GameFailure, _release, _Worker
 from envs.alfworld_problems import _as_trial, find_problems, resolve_data_root
 from envs.base import Outcome, TextEnv, rng_seed
 from envs.curriculum import Curriculum, single_level
+from envs.scratch import process_folder
 from envs.spec import EnvSpec
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ class ALFWorldEnv(TextEnv):
             if any(scratch_parent.is_relative_to(path) for path in protected):
                 raise ValueError(f"scratch_dir {scratch_parent} is inside the ALFWorld data; choose another folder")
             scratch_parent.mkdir(parents=True, exist_ok=True)
-        self.scratch = Path(tempfile.mkdtemp(prefix="alfworld_", dir=scratch_dir))
+        # Without a scratch_dir, in this process's scratch folder, which a later run removes if this one is killed.
+        self.scratch = Path(tempfile.mkdtemp(prefix="alfworld_", dir=scratch_dir or process_folder()))
         self._worker = _Worker(self.scratch, memoise_engine)
         self._finalizer = weakref.finalize(self, _release, self._worker, self.scratch)
 
@@ -255,6 +257,12 @@ def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
             "few_data": 0 if evaluation else args.few_data, "history_steps": args.alfworld_history_steps}
 
 
+def _inputs(args, *, evaluation: bool) -> None:
+    """The data root, and a problem in the split training (or evaluation) plays."""
+    find_problems(resolve_data_root(args.alfworld_data), "valid" if evaluation else args.alfworld_split,
+                  args.alfworld_task)
+
+
 def _curriculum(args, max_steps: int) -> Curriculum:
     # The envs draw their problems themselves, skipping any the block list names.
     return single_level(args.alfworld_task or "alfworld", [{}], max_steps)
@@ -289,4 +297,6 @@ API_INSTRUCTIONS = (
 SPEC = EnvSpec(name="alfworld", make=ALFWorldEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
                validation=_validation,
                data_steps=("data_gen.alfworld.reflection", "data_gen.alfworld.gen_sft"),
-               exclusive_flags=("few_data",), api_instructions=API_INSTRUCTIONS)
+               own_flags=("alfworld_data", "alfworld_task", "alfworld_split", "alfworld_expert",
+                          "alfworld_history_steps", "alfworld_timeout", "alfworld_spoiler", "sft_label", "random_prob"),
+               exclusive_flags=("few_data",), inputs=_inputs, api_instructions=API_INSTRUCTIONS)

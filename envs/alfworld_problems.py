@@ -9,6 +9,8 @@ import logging
 import os
 from pathlib import Path
 
+from utils.errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -20,10 +22,12 @@ def resolve_data_root(data_root: str | os.PathLike | None) -> Path:
     """The data root from the argument, else ``$ALFWORLD_DATA``."""
     value = data_root or os.environ.get("ALFWORLD_DATA")
     if not value:
-        raise ValueError("no ALFWorld data root: pass --alfworld_data (data_root=...) or set ALFWORLD_DATA")
+        raise UsageError("--alfworld_data: no ALFWorld data root; pass --alfworld_data (data_root=...) or set "
+                         "ALFWORLD_DATA")
     root = Path(value).expanduser()
     if not root.is_dir():
-        raise ValueError(f"ALFWorld data root {root} (from --alfworld_data or ALFWORLD_DATA) is not a folder")
+        source = "--alfworld_data" if data_root else "$ALFWORLD_DATA"
+        raise UsageError(f"{source}: the ALFWorld data root {root} is not a folder")
     return root.resolve()
 
 
@@ -35,7 +39,8 @@ def split_names(split: str) -> list[str]:
             if expanded and expanded not in names:
                 names.append(expanded)
     if not names:
-        raise ValueError(f"empty ALFWorld split {split!r}; use one of {SPLITS}, 'valid' or a comma-separated list")
+        raise UsageError(f"--alfworld_split: empty ALFWorld split {split!r}; use one of {SPLITS}, 'valid' or a "
+                         "comma-separated list")
     return names
 
 
@@ -56,14 +61,15 @@ def find_problems(root: Path, split: str, task: str) -> list[Path]:
                                root, split)
                 split_dirs = [root]
                 break
-            raise ValueError(f"no ALFWorld split folder {name!r} in {root} (nor in {root / 'json_2.1.1'})")
+            raise UsageError(f"--alfworld_data: no ALFWorld split folder {name!r} in {root} (nor in "
+                             f"{root / 'json_2.1.1'}; --alfworld_split {split!r})")
         split_dirs.append(split_dir)
     for split_dir in split_dirs:
         for task_dir in split_dir.iterdir():
             if task_dir.is_dir() and task_dir.name.startswith(task):
                 problems.update(trial for trial in task_dir.iterdir() if is_trial(trial))
     if not problems:
-        raise ValueError(f"no ALFWorld problem in {root} for split {split!r} and task {task!r} "
+        raise UsageError(f"--alfworld_data: no ALFWorld problem in {root} for split {split!r} and task {task!r} "
                          f"(--alfworld_data, --alfworld_split, --alfworld_task)")
     return sorted(problems)
 

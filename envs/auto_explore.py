@@ -39,9 +39,11 @@ from pathlib import Path
 from envs.auto_explore_tasks import (
     DEFAULT_PLAY_REPO,
     DEFAULT_REPOS_DIR,
+    check_tasks,
     depth_curriculum,
     first_optimal_command,
     load_tasks,
+    repo_folder,
     repo_task,
     run_tasks,
     task_depth,
@@ -108,7 +110,9 @@ class AutoExploreEnv(TextEnv):
                          text_layout=text_layout, first_step=first_step, oracle_completion=oracle_completion)
         self.leaveout_prob = float(leaveout_prob)
         self.easy = easy
-        self.sandbox_dir = sandbox_dir  # where the repository copies are made (None: the system's temporary folder)
+        # the parent of the process's scratch folder, where the repository copies are made (None: the system's
+        # temporary folder)
+        self.sandbox_dir = sandbox_dir
         self.view_tokens = view_tokens  # the most (approximate) tokens a file view shows
         self.repos_dir = Path(repos_dir) if repos_dir is not None else DEFAULT_REPOS_DIR
         self.tasks = list(tasks or [])
@@ -140,7 +144,7 @@ class AutoExploreEnv(TextEnv):
         targets = task_targets(task.get("filename"))
         if self.easy:  # the paper's: one of the task's files, named by its path
             targets = [targets[int(self.np_random.integers(len(targets)))]]
-        root = self._repo_path(task.get("root"), options.get("repos_dir"))
+        root = repo_folder(task.get("root"), options.get("repos_dir") or self.repos_dir)
         pristine = pristine_copy(root, self.sandbox_dir)
         for target in targets:
             try:
@@ -174,16 +178,6 @@ class AutoExploreEnv(TextEnv):
         self._listed = {""}  # the observation lists the current directory
         self._first_command = first_optimal_command(task) if self.first_step else ""
         logger.debug("AutoExplore episode in %s (sandbox %s), targets %s", root, self._sandbox.root, targets)
-
-    def _repo_path(self, root, repos_dir) -> Path:
-        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
-            raise ValueError(f"task field 'root' must name the repository folder, got {root!r}")
-        path = Path(root)
-        if not path.is_absolute():
-            path = Path(repos_dir if repos_dir is not None else self.repos_dir) / path
-        if not path.is_dir():
-            raise ValueError(f"task field 'root' = {os.fspath(root)!r}: repository folder {str(path)!r} not found")
-        return path
 
     # --- observation and actions --------------------------------------------------------
 
@@ -400,6 +394,16 @@ def _curriculum(args, max_steps: int) -> Curriculum:
     return single_level("all depths", [{"task": t} for t in tasks], max_steps)
 
 
+def _inputs(args, *, evaluation: bool) -> None:
+    """Training's or evaluation's task file, and the validation panel's (RL with --eval_steps): the tasks they
+    leave to play, and every task's repository folder and files (by its index in the file)."""
+    panel = not evaluation and args.eval_steps and args.validation_task_file
+    for flag in ("task_file", "validation_task_file") if panel else ("task_file",):
+        path = getattr(args, flag)
+        check_tasks(load_tasks(path, whole_records=True, flag=f"--{flag}"), args.repo_dir, f"--{flag}", path)
+        run_tasks(args, flag)
+
+
 def _held_out(args, env) -> list[tuple[dict, str]]:
     """Every task of ``--task_file``, each at its depth."""
     return _at_depths(run_tasks(args))
@@ -439,12 +443,13 @@ API_INSTRUCTIONS = (
 
 SPEC = EnvSpec(
     name="auto_explore", make=AutoExploreEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
-    validation=_validation, play_options=_play_options,
+    validation=_validation, play_options=_play_options, inputs=_inputs,
     data_steps=("data_gen.auto_explore.collect_repos", "data_gen.auto_explore.filter_repo",
                 "data_gen.auto_explore.gen_task", "data_gen.auto_explore.filter_task",
                 "data_gen.auto_explore.reflection_negative", "data_gen.auto_explore.split_data",
                 "data_gen.auto_explore.gen_sft"),
-    own_flags=("easy", "sandbox_dir", "validation_task_file", "auto_explore_view_tokens"),
+    own_flags=("easy", "sandbox_dir", "validation_task_file", "auto_explore_view_tokens", "auto_explore_costs",
+               "auto_explore_targets", "leaveout_prob", "repo_dir", "negatives_at", "sft_positives", "holdout_repo"),
     exclusive_flags=("depth_curriculum", "first_step", "oracle_completion", "few_data"),
     api_instructions=API_INSTRUCTIONS, api_evaluator="evaluation.auto_explore_gpt",
 )

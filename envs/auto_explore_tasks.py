@@ -7,12 +7,15 @@ The environment plays one; RL, evaluation, the curriculum and the data steps rea
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from envs.curriculum import Curriculum, Level, proportional_steps
-from envs.sandbox import file_kind, is_safe_name, quote_path
+from envs.sandbox import SandboxError, file_kind, is_safe_name, quote_path, resolve
+from utils.arg_groups_io import read_input
+from utils.errors import UsageError
 from utils.paths import DATA_DIR, REPO_ROOT
 
 logger = logging.getLogger(__name__)
@@ -54,27 +57,99 @@ def task_depth(task: dict) -> int:
 def load_tasks(path: str | os.PathLike | None, whole_records: bool = False, flag: str = "--task_file") -> list[dict]:
     """The tasks of an AutoExplore task file (``--task_file``): a JSON list of task dicts.
 
-    Each task keeps only :data:`TASK_FIELDS` (trajectories and other extras dropped) and the
-    file must hold at least one. With ``whole_records`` (the data pipeline, which passes its
-    records on) every field is kept and an empty list is accepted.
+    Each task keeps only :data:`TASK_FIELDS` (trajectories and other extras dropped), the file
+    must hold at least one, and the fields an episode reads must have their types
+    (:func:`field_problem`). With ``whole_records`` (the data pipeline, which passes its records
+    on, checking them itself) every field is kept and an empty list is accepted. A bad file is a
+    ``UsageError`` naming ``flag``, the file and the task.
     """
     if not path:
-        raise ValueError(f"{flag}: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
+        raise UsageError(f"{flag}: AutoExplore needs a tasks .json file (e.g. data/auto_explore/tasks_filtered/"
                          "train.json)")
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{flag}: no such file {str(file)!r}")
     try:
-        records = json.loads(file.read_text(encoding="utf-8"))
+        records = json.loads(read_input(file, flag))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{flag}: {file} is not valid JSON ({error})") from None
+        raise UsageError(f"{flag}: {file} is not valid JSON ({error})") from None
     if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
-        raise ValueError(f"{flag}: {file} must hold a JSON list of task objects")
+        raise UsageError(f"{flag}: {file} must hold a JSON list of task objects")
     if whole_records:
         return records
     if not records:
-        raise ValueError(f"{flag}: {file} holds no task")
+        raise UsageError(f"{flag}: {file} holds no task")
+    for index, record in enumerate(records):
+        problem = field_problem(record)
+        if problem is not None:
+            raise UsageError(f"{flag}: task {index} of {file}: {problem}")
     return [task_fields(record) for record in records]
+
+
+def field_problem(task: dict) -> str | None:
+    """Why ``task`` cannot be played, judged by its fields' types (a question, targets, a repository), or None."""
+    if not isinstance(task.get("question"), str):
+        return f"task field 'question' must be a string, got {task.get('question')!r:.200}"
+    root = task.get("root")
+    if not isinstance(root, str) or not root:
+        return f"task field 'root' must name the repository folder, got {root!r:.200}"
+    try:
+        task_targets(task.get("filename"))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def repo_folder(root, repos_dir: str | os.PathLike | None) -> Path:
+    """The repository folder a task's ``root`` names: an absolute path, or a folder in ``repos_dir``
+    (``--repo_dir``; None: :data:`DEFAULT_REPOS_DIR`). A ``UsageError`` names the folder looked for and the flag."""
+    if not isinstance(root, str | os.PathLike) or not os.fspath(root):
+        raise UsageError(f"task field 'root' must name the repository folder, got {root!r:.200}")
+    path = Path(root)
+    where = ""
+    if not path.is_absolute():
+        base = Path(repos_dir) if repos_dir is not None else DEFAULT_REPOS_DIR
+        path = base / path
+        where = (f" (task field 'root' {os.fspath(root)!r} lies in --repo_dir"
+                 f"{'' if repos_dir is not None else ', default'} {str(base)!r})")
+    if not path.is_dir():
+        raise UsageError(f"repository folder {str(path)!r} not found{where}")
+    return path
+
+
+def existing_targets(task: dict, repos_dir: str | os.PathLike | None) -> list[str]:
+    """The task's target files present (as allowed regular files) in its repository; none if it has none."""
+    try:
+        targets = task_targets(task.get("filename"))
+        repo = repo_folder(task.get("root"), repos_dir)
+    except ValueError:
+        return []
+    present = []
+    for target in targets:
+        try:
+            _, status = resolve(str(repo), "", target)
+        except SandboxError:
+            continue
+        if stat.S_ISREG(status.st_mode) and file_kind(target):
+            present.append(target)
+    return present
+
+
+def check_tasks(tasks: list[dict], repos_dir, flag: str, file) -> None:
+    """Each task of ``file`` (its fields' types, its repository folder, its targets in it) can be played, or a
+    ``UsageError`` naming ``flag``, the file and the first task that cannot."""
+    for index, task in enumerate(tasks):
+        problem = field_problem(task)
+        if problem is None:
+            try:
+                repo = repo_folder(task["root"], repos_dir)
+            except UsageError as error:
+                problem = str(error)
+            else:
+                missing = sorted(set(task_targets(task["filename"])) - set(existing_targets(task, repos_dir)))
+                if missing:
+                    problem = (f"target files {missing} are not files of an allowed kind in repository folder "
+                               f"{str(repo)!r}")
+        if problem is not None:
+            raise UsageError(f"{flag}: task {index} of {file}: {problem}")
 
 
 def task_fields(record: dict) -> dict:
@@ -96,7 +171,7 @@ def run_tasks(args, flag: str = "task_file") -> list[dict]:
         return tasks
     asked = [task for task in tasks if task.get("question") != ""]
     if not asked:
-        raise ValueError(f"--{flag} {path}: every task has an empty question (give --easy to play them as "
+        raise UsageError(f"--{flag} {path}: every task has an empty question (give --easy to play them as "
                          "'Find <file>')")
     if len(asked) < len(tasks):
         logger.info("%d tasks with an empty question left out (as the paper's code, without --easy)",
@@ -110,7 +185,7 @@ def _run_tasks(args, path, file_flag: str) -> list[dict]:
     flag = "--auto_explore_targets writer"
     records = load_tasks(path, whole_records=True, flag=file_flag)
     if not any("trajectories" in record for record in records):
-        raise ValueError(f"{flag}: {file_flag} {path} holds no trajectories (give the output of "
+        raise UsageError(f"{flag}: {file_flag} {path} holds no trajectories (give the output of "
                          "reflection_negative or split_data)")
     tasks = []
     for record in records:
@@ -119,7 +194,7 @@ def _run_tasks(args, path, file_flag: str) -> list[dict]:
             own = task_targets(record["filename"])  # first, so that the task's depth stays its own file's
             tasks.append(dict(task_fields(record), filename=own + [t for t in task_targets(found) if t not in own]))
     if not tasks:
-        raise ValueError(f"{flag}: in {file_flag} {path} the writer identified no file in any task")
+        raise UsageError(f"{flag}: in {file_flag} {path} the writer identified no file in any task")
     logger.info("%s: %d of %d tasks kept (the others have no file the writer identified)", flag, len(tasks),
                 len(records))
     return tasks
@@ -186,14 +261,14 @@ def repo_task(repo: Path, rng: np.random.Generator) -> dict:
     """A 'Find <file>' task for a random allowed file of ``repo`` at depth <= 2."""
     repo = repo.resolve()
     if not repo.is_dir():
-        raise ValueError(f"--repo_dir: no such folder {str(repo)!r}")
+        raise UsageError(f"--repo_dir: no such folder {str(repo)!r}")
     candidates = sorted(
         p.relative_to(repo).as_posix() for p in repo.rglob("*")
         if p.is_file() and not p.is_symlink() and file_kind(p.name)
         and all(is_safe_name(part) for part in p.relative_to(repo).parts) and len(p.relative_to(repo).parts) <= 3
     )
     if not candidates:
-        raise ValueError(f"--repo_dir: {repo} has no file with an allowed suffix at depth <= 2")
+        raise UsageError(f"--repo_dir: {repo} has no file with an allowed suffix at depth <= 2")
     target = candidates[int(rng.integers(len(candidates)))]
     task = {"question": f"Find {target.rpartition('/')[2]}", "answer": target, "filename": target,
             "root": str(repo), "n_level": target_depth(target), "model": "play"}

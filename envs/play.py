@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from envs import env_kwargs, env_spec, make_env
-from experiment_args import parse_args
+from experiment_args import run_script
 
 
 def choose(policy: str, info: dict, rng: np.random.Generator) -> str | None:
@@ -65,4 +65,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m envs.play")))
+    sys.exit(run_script(main, "python -m envs.play"))

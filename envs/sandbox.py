@@ -13,7 +13,9 @@ evaluation) can only read, list and move inside that copy:
 
 Copies come in two layers. :func:`pristine_copy` copies a source repository once per
 process (cached, removed at exit). :class:`Sandbox` is one episode's view: a hard-link
-tree of the pristine copy, optionally with entries left out, removed on ``close()``.
+tree of the pristine copy, optionally with entries left out, removed on ``close()``. Both
+live in the process's scratch folder (``envs/scratch.py``), which the next start removes
+if the process was killed before it could.
 
 This module holds :class:`Sandbox`, the command interpreter, and the file views its
 ``cat``, ``head`` and ``tail`` show. The checks on names and paths (:func:`is_safe_name`,

@@ -1,16 +1,16 @@
 """The sandbox's copies of a repository; see ``envs/sandbox.py`` for the whole picture.
 
 :func:`pristine_copy` copies a source repository once per process and parent folder (the
-system's temporary folder, or ``--sandbox_dir``; cached, removed at exit): only regular files and directories with safe names (:func:`~envs.sandbox_paths.is_safe_name`),
+system's temporary folder, or ``--sandbox_dir``), into the process's scratch folder there
+(``envs/scratch.py``: removed at exit, or by the next start if the process was killed): only
+regular files and directories with safe names (:func:`~envs.sandbox_paths.is_safe_name`),
 read with ``O_NOFOLLOW`` up to :data:`MAX_COPY_BYTES` and written read-only.
 :func:`link_tree` builds one episode's copy as a hard-link tree of it, optionally leaving
 entries out.
 """
 
-import atexit
 import logging
 import os
-import shutil
 import stat
 import tempfile
 import threading
@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from envs.sandbox_paths import is_safe_name
+from envs.scratch import process_folder
 
 logger = logging.getLogger(__name__)
 
@@ -28,23 +29,14 @@ MAX_COPY_BYTES = 5 * 1024 * 1024  # larger files are not copied into the sandbox
 
 _pristine: dict[tuple[str, str | None], str] = {}
 _pristine_lock = threading.Lock()
-_process_dirs: dict[str | None, str] = {}  # parent folder (None: the system's) -> this process's folder in it
-_process_pid: int | None = None
-
-
-def _remove_process_dir(path: str, pid: int) -> None:
-    # A forked worker inherits this exit hook; only the creating process may remove the copies.
-    if os.getpid() == pid:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def pristine_copy(source: str | os.PathLike, parent: str | os.PathLike | None = None) -> str:
-    """The private copy of repository ``source`` for this process, made on first use in a folder of
-    this process under ``parent`` (default: the system's temporary folder).
+    """The private copy of repository ``source`` for this process, made on first use in this process's
+    scratch folder under ``parent`` (default: the system's temporary folder; ``envs/scratch.py``).
 
     Later changes to ``source`` are not seen: the copy is a snapshot taken once.
     """
-    global _process_pid
     real = os.path.realpath(source)
     if not os.path.isdir(real):
         raise ValueError(f"repository {os.fspath(source)!r} is not a directory")
@@ -52,15 +44,8 @@ def pristine_copy(source: str | os.PathLike, parent: str | os.PathLike | None = 
     with _pristine_lock:
         if (real, parent) in _pristine:  # a forked child reuses its parent's copies
             return _pristine[real, parent]
-        if _process_pid != os.getpid():  # ... but makes new ones in folders of its own
-            _process_dirs.clear()
-            _process_pid = os.getpid()
-        if parent not in _process_dirs:
-            if parent is not None:
-                os.makedirs(parent, exist_ok=True)
-            _process_dirs[parent] = tempfile.mkdtemp(prefix="reflect_rl_repos_", dir=parent)
-            atexit.register(_remove_process_dir, _process_dirs[parent], _process_pid)
-        target = tempfile.mkdtemp(prefix=os.path.basename(real)[:40] + "_", dir=_process_dirs[parent])
+        # ... but makes new ones in a folder of its own
+        target = tempfile.mkdtemp(prefix=os.path.basename(real)[:40] + "_", dir=process_folder(parent))
         skipped = _copy_tree(real, target)
         if skipped:
             logger.info("copied %s into the sandbox; skipped %s", real, dict(sorted(skipped.items())))

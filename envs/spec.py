@@ -21,6 +21,10 @@ def _no_options(args, rng: np.random.Generator) -> dict:
     return {}
 
 
+def _no_inputs(args, *, evaluation: bool) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """One environment's entry in the registry.
@@ -37,6 +41,9 @@ class EnvSpec:
     * ``validation(args, env)``: the same for the RL validation panel (``--eval_steps``), played from
       validation seeds, disjoint from the held-out and the training seeds; None: the held-out units.
     * ``play_options(args, rng)``: the reset options of one ``envs.play`` episode.
+    * ``inputs(args, evaluation)``: check the files and folders the flags name (task files, repositories,
+      data roots), so that a bad one stops a run with one line (``UsageError``) before a model is loaded or
+      a run folder made, not when the first environment is built.
     * ``data_steps``: the modules of its data pipeline, in order.
     * ``own_flags``: flags that mean something for this environment alone (set for another, they
       are reported); ``exclusive_flags``: the same, but an error for another environment.
@@ -51,6 +58,7 @@ class EnvSpec:
     held_out: Callable[[Any, TextEnv], list[tuple[dict, str]]]
     validation: Callable[[Any, TextEnv], list[tuple[dict, str]]] | None = None
     play_options: Callable[[Any, np.random.Generator], dict] = _no_options
+    inputs: Callable[..., None] = _no_inputs
     data_steps: tuple[str, ...] = ()
     own_flags: tuple[str, ...] = ()
     exclusive_flags: tuple[str, ...] = ()

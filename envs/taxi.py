@@ -327,7 +327,8 @@ SPEC = EnvSpec(
     name="taxi", make=DangerousTaxiEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
     play_options=lambda args, rng: {"curriculum": curriculum_at(args.curriculum_index)},
     data_steps=("data_gen.taxi.reflection", "data_gen.taxi.brute_force", "data_gen.taxi.gen_sft"),
-    own_flags=("with_prompt", "with_history", "taxi_depot_letters", "danger_on_first_step"),
+    own_flags=("with_prompt", "with_history", "taxi_depot_letters", "danger_on_first_step", "pickup_reward",
+               "sft_label", "random_prob"),
     exclusive_flags=("taxi_curriculum", "first_step", "oracle_completion"),
     api_instructions=API_INSTRUCTIONS,
 )

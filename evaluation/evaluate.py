@@ -5,8 +5,14 @@
 Configurations come from ``EVAL_LOAD_LIST`` in :func:`main` (edit it, as the paper's
 users do), or from ``--eval_load_list FILE.yaml`` (a list of ``{env, load_dir,
 reflect_load_dir, name}``); if both are empty, the command line's ``--load_dir`` and
-``--reflect_load_dir`` make the one configuration. A ``load_dir`` of null evaluates the
-base model with a fresh (untrained) LoRA.
+``--reflect_load_dir`` make the one configuration (beside a list they are ignored, with a
+warning: the list is what a run evaluates, as documented, and a flag that does nothing is said,
+not refused). A ``load_dir`` of null evaluates the base model with a fresh (untrained) LoRA.
+
+Before the first episode, every configuration is checked: its keys and env, and each checkpoint
+(it exists, is one, of the player it is given as, with this model's choice labels and, for an RL
+checkpoint, the settings of what it reads: ``utils/checkpoints.py``). Any bad one stops the run with
+one line naming each bad entry, its number and name; nothing is played or written.
 
 Every configuration plays the same test episodes through the rollout used in RL
 (``rollout.py``), with the same seeds and sampling randomness:
@@ -16,30 +22,48 @@ Every configuration plays the same test episodes through the rollout used in RL
 * AutoExplore: every task of ``--task_file`` (a test split), ``--eval_reps`` times, by depth;
 * ALFWorld: every problem of the ``valid`` splits, ``--eval_reps`` times.
 
-Success rate and average cost per level, with the number of episodes behind each figure,
-are printed and saved as ``results.json`` and ``results.md`` in
-``results/<id>_evaluate/``.
+Each configuration's figures are journalled as soon as it has played, in
+``<ckpt_path>/.progress/evaluate_*.jsonl`` (the journal of the API-model evaluations,
+``data_gen/common.py``), named by the run's settings (all flags but those naming the list and the
+output folder) and keyed by the configuration (its name, and its checkpoints down to their files'
+sizes and times: one trained again is played again). A run that stops (kill -9, Ctrl-C, a crash)
+keeps what finished, and **the same command** plays only the configurations not finished, then writes
+what an uninterrupted run writes; there is no run folder to find, as it is made at the end. A
+configuration that fails while playing (an unexpected exception) is logged with its traceback and the
+others play on: their results are written, and the run exits with status 1 naming the failed one (its
+journal kept for the same command). A run where every configuration played removes its journal: the
+journal resumes an unfinished run, and never answers a later run (after a code change, say) from an
+old one.
+
+Success rate and average cost per level (in the order the environment lists its held-out units: Taxi's
+curriculum order), with the number of episodes behind each figure, are printed and saved as
+``results.json`` and ``results.md`` in ``results/<id>_evaluate/``, made once every configuration
+has played.
 """
 
+import hashlib
 import json
 import logging
 import math
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
 from tqdm.auto import tqdm
 
+from data_gen.common import Journal, journal_name
 from envs import env_kwargs, env_spec, make_env
 from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 from utils import checkpoints, models
+from utils.arg_groups_io import read_input
 from utils.errors import UsageError
 
 SCRIPT = "evaluate"
+PROG = "python -m evaluation.evaluate"
 logger = logging.getLogger(__name__)
 # Evaluation seeds start here. Training episodes and data-generation episodes draw their
 # seeds below 2**31 - 1 (envs.base.rng_seed, rl_finetune.episode_starts), so no training
@@ -51,13 +75,22 @@ HELD_OUT_SEED = 2**31
 VALIDATION_SEED = HELD_OUT_SEED + 2**30
 
 
+# The keys of a configuration.
+CONFIG_KEYS = ("env", "load_dir", "reflect_load_dir", "name")
+# Flags that name the configurations or where the results go, not how they are played: left out of the
+# journal's name, so the same entries listed in another file reuse what finished.
+_NOT_PLAYING = ("eval_load_list", "load_dir", "reflect_load_dir", "ckpt_path", "config", "resume_from")
+
+
 @dataclass
 class EvaluationRun:
-    """What one evaluation run wrote: its folder and, per configuration, the configuration
-    with its figures per level under ``"levels"`` (as in ``results.json``)."""
+    """What one evaluation run wrote: its folder (None if no configuration finished) and, per configuration
+    that finished, the configuration with its figures per level under ``"levels"`` (as in ``results.json``);
+    ``failed``: "configuration N (name): error" of each that failed while playing."""
 
-    run_dir: Path
+    run_dir: Path | None
     results: list[dict]
+    failed: list[str] = field(default_factory=list)
 
 
 def test_episodes(args, env, reps: int, level_episodes: int = 0) -> list[EpisodeStart]:
@@ -94,31 +127,92 @@ def at_eval_levels(args, units: list[tuple[dict, str]]) -> list[tuple[dict, str]
 
 
 def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
-    configs = list(eval_load_list)
+    """The configurations to evaluate (see the module's docstring), each with its name; all checked
+    (:func:`check_configs`) before any is played."""
+    configs = [dict(c) if isinstance(c, dict) else c for c in eval_load_list]
     if args.eval_load_list:
-        path = Path(args.eval_load_list)
-        if not path.is_file():
-            raise ValueError(f"--eval_load_list: no such file {args.eval_load_list!r}")
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-        if not isinstance(loaded, list) or not all(isinstance(c, dict) for c in loaded):
-            raise ValueError(f"--eval_load_list: {path} must hold a list of {{env, load_dir, reflect_load_dir}}")
-        configs += loaded
-    if not configs:
+        configs += read_eval_load_list(args.eval_load_list)
+    from_flags = not configs
+    if from_flags:
         configs = [{"env": args.env, "load_dir": args.load_dir, "reflect_load_dir": args.reflect_load_dir}]
-    for number, config in enumerate(configs, 1):
-        unknown = set(config) - {"env", "load_dir", "reflect_load_dir", "name"}
-        if unknown:
-            raise ValueError(f"evaluation configuration {number} has unknown keys {sorted(unknown)}")
-        if config.get("env", args.env) != args.env:
-            raise ValueError(f"evaluation configuration {number} is for env {config['env']!r}, "
-                             f"but this run evaluates --env={args.env}")
-        config.setdefault("name", config.get("load_dir") or "base model")
+    elif (args.load_dir or args.reflect_load_dir) and not args.eval_load_list:
+        # (beside --eval_load_list, the flags' own "does not apply" warning says it: experiment_args)
+        logger.warning("--load_dir and --reflect_load_dir are ignored: EVAL_LOAD_LIST in evaluation/evaluate.py "
+                       "names the checkpoints of each configuration")
+    for config in configs:
+        if isinstance(config, dict):
+            config.setdefault("name", config.get("load_dir") or "base model")
+    check_configs(args, configs, from_flags)
     return configs
+
+
+def read_eval_load_list(name: str) -> list:
+    """The entries of ``--eval_load_list``: a YAML list, not empty."""
+    path = Path(name)
+    try:
+        loaded = yaml.safe_load(read_input(path, "--eval_load_list"))
+    except yaml.YAMLError as error:
+        raise UsageError(f"--eval_load_list: {path} is not a YAML file ({' '.join(str(error).split())})") from None
+    if not isinstance(loaded, list) or not loaded:
+        raise UsageError(f"--eval_load_list: {path} must hold a list of {{env, load_dir, reflect_load_dir, name}}, "
+                         f"not {'nothing' if not loaded else type(loaded).__name__}")
+    return loaded
+
+
+def check_configs(args, configs: list, from_flags: bool = False) -> None:
+    """Stop with one line naming each bad configuration, by number and name, and what is wrong with it
+    (:func:`config_problems`), before any is played; log the checkpoints' warnings. ``from_flags``: the one
+    configuration of ``--load_dir`` and ``--reflect_load_dir``, named by those flags."""
+    bad = [problem for number, config in enumerate(configs, 1)
+           if (problem := config_problems(args, config, number, from_flags)) is not None]
+    if bad and from_flags:
+        raise UsageError("; ".join(bad))
+    if bad:
+        raise UsageError(f"{len(bad)} of the {len(configs)} evaluation configurations cannot run, so none was "
+                         f"played: " + "; ".join(bad))
+
+
+def config_problems(args, config, number: int, from_flags: bool = False) -> str | None:
+    """What is wrong with configuration ``number`` (its keys, its env, its checkpoints:
+    ``checkpoints.checkpoint_problems``), in one phrase that names it; None if nothing is."""
+    if not isinstance(config, dict):
+        return f"configuration {number} is not a mapping of {{env, load_dir, reflect_load_dir, name}}: {config!r}"
+    label = f"configuration {number} ({config['name']})"
+    problems = []
+    unknown = set(config) - set(CONFIG_KEYS)
+    if unknown:
+        problems.append(f"unknown keys {sorted(unknown)} (known: {', '.join(CONFIG_KEYS)})")
+    if config.get("env", args.env) != args.env:
+        problems.append(f"it is for env {config['env']!r}, but this run evaluates --env={args.env}")
+    if not isinstance(config["name"], str):
+        problems.append(f"its name must be a string, not {config['name']!r}")
+    for key, player in (("load_dir", checkpoints.POLICY), ("reflect_load_dir", checkpoints.REFLECTOR)):
+        directory = config.get(key)
+        where = f"--{key}" if from_flags else key
+        if directory is None or (key == "reflect_load_dir" and directory == ""):
+            continue  # the base model; no reflector
+        if not isinstance(directory, str):
+            problems.append(f"{where} must name a folder, not {directory!r}")
+            continue
+        errors, warnings = checkpoints.checkpoint_problems(args, directory, player)
+        if errors:
+            problems.append(checkpoints.describe(where, directory, errors))
+        checkpoints.warn_once(where if from_flags else f"{label}: {where}", directory, warnings)
+    if not problems:
+        return None
+    return "; ".join(problems) if from_flags else f"{label}: " + "; ".join(problems)
+
+
+def config_key(config: dict) -> str:
+    """A configuration's key in the journal: its name and what its checkpoints hold."""
+    held = [checkpoints.fingerprint(config[key]) if config.get(key) else None for key in ("load_dir", "reflect_load_dir")]
+    return f"{config['name']}|{hashlib.sha256(json.dumps(held).encode()).hexdigest()[:16]}"
 
 
 def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> list:
     rollout = TwoPlayerRollout.load(args, config.get("load_dir"), config.get("reflect_load_dir"),
-                                    reflect=bool(config.get("reflect_load_dir")))
+                                    reflect=bool(config.get("reflect_load_dir")),
+                                    flags=(f"{config.get('name')}: load_dir", f"{config.get('name')}: reflect_load_dir"))
     rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
     return play_all(rollout, envs, starts, rng, desc=f"eval {config['name']}")
 
@@ -167,11 +261,13 @@ def figures(episodes) -> dict:
 
 
 def summarise(episodes) -> dict:
-    """:func:`figures` per level, then over all episodes (``"all"``)."""
+    """:func:`figures` per level, in the order the episodes reach them (:func:`test_episodes` lists them in
+    the order of the environment's held-out units: Taxi's curriculum, pickup, dropoff, full), then over
+    all episodes (``"all"``)."""
     levels: dict[str, list] = {}
     for episode in episodes:
         levels.setdefault(episode.level, []).append(episode)
-    return {**{level: figures(group) for level, group in sorted(levels.items())}, "all": figures(episodes)}
+    return {**{level: figures(group) for level, group in levels.items()}, "all": figures(episodes)}
 
 
 def success_name(args) -> str:
@@ -203,23 +299,52 @@ def save_results(run_dir: Path, results: list[dict], title: str, footer: str = "
 
 
 def run(args, eval_load_list: list[dict]) -> EvaluationRun:
+    """Check every configuration, play those the journal does not hold, then write the run folder."""
     configs = load_configs(args, eval_load_list)
     labels = models.policy_labels(args)  # every configuration shares the base model, so its choice labels
-    run_dir = checkpoints.make_run_dir(args, SCRIPT)
-    envs = [make_env(args.env, **env_kwargs(args, evaluation=True, run_dir=run_dir, labels=labels))
+    envs = [make_env(args.env, **env_kwargs(args, evaluation=True, labels=labels))
             for _ in range(args.per_device_eval_batch_size)]
     try:
         starts = test_episodes(args, envs[0], args.eval_reps, args.eval_level_episodes)
-        results = []
-        for config in configs:
-            summary = summarise(evaluate_config(args, config, envs, starts))
-            results.append({**config, "levels": summary})
+        # named by the model's file or folder name (its whole name is among the settings hashed)
+        journal = Journal(args.ckpt_path, journal_name(SCRIPT, Path(args.model_name).name, args.seed,
+                                                       *played_settings(args, starts)))
+        results, failed = [], []
+        for number, config in enumerate(configs, 1):
+            label = f"configuration {number} ({config['name']})"
+            try:
+                # played in this thread (the journal's ``prepare``), journalled as soon as it ends
+                (levels,) = journal.run([(config_key(config), config)], _as_is, desc=label,
+                                        prepare=lambda config: summarise(evaluate_config(args, config, envs, starts)))
+            except UsageError:
+                raise  # bad input, the same for every configuration
+            except Exception as error:
+                logger.exception("%s failed while playing; the others play on", label)
+                failed.append(f"{label}: {type(error).__name__}: {' '.join(str(error).split())}")
+                continue
+            results.append({**config, "levels": levels})
     finally:
         for env in envs:
             env.close()
+    if not results:
+        return EvaluationRun(None, results, failed)
+    run_dir = checkpoints.make_run_dir(args, SCRIPT)
     table = save_results(run_dir, results, f"Evaluation on {args.env}", success=success_name(args))
+    if not failed:
+        journal.path.unlink()  # finished: a later run plays afresh
     print(f"\n[evaluate] {args.env}: {len(starts)} episodes per configuration; saved in {run_dir}\n\n{table}")
-    return EvaluationRun(run_dir, results)
+    return EvaluationRun(run_dir, results, failed)
+
+
+def _as_is(levels: dict) -> dict:
+    return levels
+
+
+def played_settings(args, starts: list[EpisodeStart]) -> tuple:
+    """What the figures of a configuration depend on besides its checkpoints: every flag but
+    :data:`_NOT_PLAYING`, and the test episodes."""
+    flags = sorted((name, value) for name, value in args.to_dict().items() if name not in _NOT_PLAYING)
+    return flags, [(start.seed, start.level, start.options) for start in starts]
 
 
 def main(args) -> int:
@@ -227,9 +352,15 @@ def main(args) -> int:
     # {"env": "taxi", "load_dir": "results/12_rl_finetune/checkpoint-100",
     #  "reflect_load_dir": "results/10_supervised_pretrain/checkpoint-500", "name": "Reflect-RL"}
     EVAL_LOAD_LIST: list[dict] = []  # noqa: N806 - the name the paper's users edit
-    run(args, EVAL_LOAD_LIST)
+    evaluation = run(args, EVAL_LOAD_LIST)
+    if evaluation.failed:
+        kept = (f"the results of the {len(evaluation.results)} others are in {evaluation.run_dir}" if evaluation.results
+                else "no configuration finished")
+        print(f"{PROG}: error: {'; '.join(evaluation.failed)} (failed while playing, traceback above); {kept}; the "
+              "same command plays again only what did not finish", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main, "python -m evaluation.evaluate"))
+    sys.exit(run_script(main, PROG))

@@ -193,7 +193,8 @@ def test_settings_that_cannot_apply_get_one_warning_naming_them(caplog, monkeypa
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         ScriptArguments(warmup_ratio=0.1)
-    assert ["--warmup_ratio 0.1 has no effect with --lr_scheduler_type constant (use constant_with_warmup)"] == [
+    assert ["these settings do not apply to this run and are ignored: --warmup_ratio (only with an "
+            "--lr_scheduler_type with warm-up, e.g. constant_with_warmup)"] == [
         r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 

@@ -2,22 +2,99 @@
 
 Each group checks its own fields in ``__post_init__`` (a ``ValueError`` naming the flag)
 and then calls ``super().__post_init__()``, so the composed class runs every group's
-checks once. A field's ``help`` is its ``--help`` text; each group's ``TITLE`` is its
-``--help`` section.
+checks once. A field's ``help`` is its ``--help`` text, and its ``only_with`` the settings
+it needs to have any effect (:class:`Applies`; :func:`applicability` gathers them into the one
+table of the "does not apply" warning); each group's ``TITLE`` is its ``--help`` section.
 """
 
 import logging
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 logger = logging.getLogger(__name__)
 
 ALFWORLD_PAPER_TASK = "pick_and_place_simple-Tomato-None-Microwave"
 
 
-def _arg(default, help: str, **kwargs):
-    """A dataclass field carrying its help string (and argparse extras such as aliases)."""
-    return field(default=default, metadata={"help": help, **kwargs})
+# --- when a flag has an effect: the one table of the "does not apply" warning ---------------------
+
+@dataclass(frozen=True)
+class Applies:
+    """A setting a flag needs to have any effect: ``where`` names it in the warning, ``holds(args)`` tells
+    whether the run has it. ``scripts``: the entry points (``rl_finetune``, ``evaluation.evaluate`` ...; see
+    :func:`experiment_args.script_name`) whose runs it describes, for a flag that one script reads under a
+    condition and another always (empty: every script's). A field declares it as ``only_with``."""
+
+    where: str
+    holds: Callable[[Any], bool]
+    scripts: tuple[str, ...] = ()
+
+    def checked_in(self, script: str | None) -> bool:
+        """Whether the condition is asked of a run of ``script`` (None: a script that did not say which)."""
+        return not self.scripts or script in self.scripts
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _never(args) -> bool:
+    return False
+
+
+RL_SCRIPT, SFT_SCRIPT, EVAL_SCRIPT = "rl_finetune", "supervised_pretrain", "evaluation.evaluate"
+PG = Applies("--trainer pg", lambda a: a.trainer == "pg")
+PPO = Applies("--trainer ppo", lambda a: a.trainer == "ppo")
+REFUEL = Applies("--trainer refuel", lambda a: a.trainer == "refuel")
+PG_OR_PPO = Applies("--trainer pg or ppo", lambda a: a.trainer in ("pg", "ppo"))
+CRITIC = Applies("--baseline critic", lambda a: a.baseline == "critic")
+FOUR_BIT = Applies("--load_in_4bit", lambda a: a.load_in_4bit)
+NO_CUDA = Applies("no CUDA device", lambda a: not cuda_available())
+# A checkpoint given as --load_dir keeps its own LoRA shape; only a new adapter is built from these flags.
+NEW_LORA = Applies("--use_peft and without --load_dir, whose adapter keeps its own",
+                   lambda a: a.use_peft and not a.load_dir)
+WARM_UP = Applies("an --lr_scheduler_type with warm-up, e.g. constant_with_warmup",
+                  lambda a: a.lr_scheduler_type != "constant")
+DEPTH_CURRICULUM = Applies("--depth_curriculum", lambda a: a.depth_curriculum)
+# Evaluation may take its reflectors from --eval_load_list's entries, so there only RL and evaluation say.
+REFLECTOR = Applies("a reflector: --reflect_load_dir, --reflect or an --eval_load_list entry's",
+                    lambda a: a.use_reflection or bool(a.eval_load_list), scripts=(RL_SCRIPT, EVAL_SCRIPT))
+ONLY_SFT = Applies("SFT, supervised_pretrain.py", _never, scripts=(RL_SCRIPT,))
+ONLY_EVALUATION = Applies("evaluation, python -m evaluation.evaluate", _never, scripts=(RL_SCRIPT, SFT_SCRIPT))
+ONLY_RL = Applies("RL, rl_finetune.py", _never, scripts=(SFT_SCRIPT, EVAL_SCRIPT))
+# Evaluation plays --eval_load_list's entries when it is given, each with its own checkpoints.
+NO_LOAD_LIST = Applies("an evaluation without --eval_load_list, whose entries name their own checkpoints",
+                       lambda a: not a.eval_load_list, scripts=(EVAL_SCRIPT,))
+PANEL = Applies("--eval_steps, the RL validation panel", lambda a: a.eval_steps > 0)
+API = Applies("--api openai, azure or local", lambda a: a.api != "oracle")
+
+ONLY_WITH = "only_with"  # the field metadata key of its conditions: one Applies, or a tuple of them
+
+
+def _arg(default, help: str, only_with: Applies | tuple[Applies, ...] = (), **kwargs):
+    """A dataclass field carrying its help string, argparse extras such as aliases, and ``only_with``: the
+    settings it needs to have an effect (:class:`Applies`), for the "does not apply" warning."""
+    conditions = (only_with,) if isinstance(only_with, Applies) else tuple(only_with)
+    return field(default=default, metadata={"help": help, **kwargs, **({ONLY_WITH: conditions} if conditions else {})})
+
+
+def applicability(fields: tuple[Field, ...], specs: dict) -> dict[str, tuple[Applies, ...]]:
+    """THE table of the "does not apply" warning: ``{flag: conditions}``, every condition a flag needs to have
+    an effect. Each is declared once, beside what it is about: on the field (``only_with``), or, for a flag
+    that means something for some environments only, in those environments' specs (``own_flags``)."""
+    table = {f.name: f.metadata.get(ONLY_WITH, ()) for f in fields}
+    for flag, names in flag_owners(specs, "own_flags").items():
+        table[flag] = (*table[flag], Applies(f"--env {' or '.join(names)}", lambda a, names=names: a.env in names))
+    return {flag: conditions for flag, conditions in table.items() if conditions}
+
+
+def arg_metadata(f: Field) -> dict:
+    """A field's metadata as argparse takes it (without its ``only_with``)."""
+    return {key: value for key, value in f.metadata.items() if key != ONLY_WITH}
 
 
 def need(ok: bool, flag: str, message: str) -> None:
@@ -32,6 +109,24 @@ def flag_owners(specs: dict, kind: str) -> dict[str, list[str]]:
         for flag in getattr(spec, kind):
             owners.setdefault(flag, []).append(name)
     return {flag: sorted(names) for flag, names in owners.items()}
+
+
+def _file_on_the_way(path: Path) -> Path | None:
+    """The file that ``path`` is, or lies under (so it can never be a folder), or None."""
+    for place in (path, *path.parents):
+        if place.exists():
+            return None if place.is_dir() else place
+    return None
+
+
+def output_folders(args, *names: str) -> None:
+    """The flags ``names`` name folders a run writes into: none may be an existing file, or lie under one."""
+    for name in names:
+        value = getattr(args, name)
+        blocker = _file_on_the_way(Path(value)) if value else None
+        if blocker is not None:
+            need(False, name, f"{value} is a file, not a folder" if blocker == Path(value)
+                 else f"{value} cannot be a folder: {blocker} is a file")
 
 
 def _at_least(args, minimum, *names: str) -> None:
@@ -73,32 +168,35 @@ class ModelArguments(_Group):
     load_dir: str | None = _arg(
         None,
         "Adapter directory of the policy to start from (an SFT checkpoint-N/). "
-        "RL fine-tunes it; without it RL trains a new LoRA on the base model.")
+        "RL fine-tunes it; without it RL trains a new LoRA on the base model.", NO_LOAD_LIST)
     reflect_model_name: str | None = _arg(
-        None, "Base model of the reflection model (default: --model_name).")
+        None, "Base model of the reflection model (default: --model_name).", only_with=REFLECTOR)
     reflect_load_dir: str | None = _arg(
         None,
         "Adapter directory of the frozen reflection model. Reflection is used iff this is given "
-        "(unless --reflect says otherwise).", aliases=["--reflectload_dir"])
+        "(unless --reflect says otherwise).", NO_LOAD_LIST, aliases=["--reflectload_dir"])
     use_peft: bool = _arg(True, "Train LoRA adapters (peft) instead of all weights.")
-    peft_lora_r: int = _arg(64, "LoRA rank.", aliases=["--lora_r"])
-    peft_lora_alpha: int = _arg(16, "LoRA alpha.", aliases=["--lora_alpha"])
-    lora_dropout: float = _arg(0.1, "LoRA dropout.")
+    peft_lora_r: int = _arg(64, "LoRA rank.", NEW_LORA, aliases=["--lora_r"])
+    peft_lora_alpha: int = _arg(16, "LoRA alpha.", NEW_LORA, aliases=["--lora_alpha"])
+    lora_dropout: float = _arg(0.1, "LoRA dropout.", NEW_LORA)
     lora_target_modules: list[str] | None = _arg(
-        None, "Module names LoRA adapts (default: peft's choice for the architecture).")
+        None, "Module names LoRA adapts (default: peft's choice for the architecture).", NEW_LORA)
     load_in_8bit: bool = _arg(
         True, "Load the base model in 8 bits (bitsandbytes; CUDA only, ignored on CPU).", aliases=["--use_8bit"])
     load_in_4bit: bool = _arg(False, "Load the base model in 4 bits (bitsandbytes; CUDA only).",
                               aliases=["--use_4bit"])
-    bnb_4bit_quant_type: Literal["nf4", "fp4"] = _arg("nf4", "4-bit quantisation type (with --load_in_4bit).")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = _arg("nf4", "4-bit quantisation type (with --load_in_4bit).",
+                                                      FOUR_BIT)
     bnb_4bit_compute_dtype: Literal["float16", "bfloat16", "float32"] | None = _arg(
-        None, "Compute dtype of 4-bit layers (default: that of --bf16/--fp16).")
-    use_nested_quant: bool = _arg(False, "Quantise the 4-bit quantisation constants too (double quantisation).")
+        None, "Compute dtype of 4-bit layers (default: that of --bf16/--fp16).", FOUR_BIT)
+    use_nested_quant: bool = _arg(False, "Quantise the 4-bit quantisation constants too (double quantisation).",
+                                  FOUR_BIT)
     disable_dropout: bool = _arg(False, "Set every dropout of the trained model, LoRA's included, to 0.")
     bf16: bool = _arg(True, "Compute in bfloat16 (CUDA; on a CPU only with --cpu_bf16, else fp32).")
     cpu_bf16: bool = _arg(
         False, "Without CUDA, compute in bfloat16 on the CPU: about 2x faster forward passes where the CPU has "
-        "native bf16 (AVX512-BF16, AMX), slower where it does not. Off: float32, the same numbers on every CPU.")
+        "native bf16 (AVX512-BF16, AMX), slower where it does not. Off: float32, the same numbers on every CPU.",
+        NO_CUDA)
     fp16: bool = _arg(False, "Compute in float16 (CUDA only).")
     gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
     shrink_head: bool = _arg(
@@ -127,18 +225,19 @@ class OptimArguments(_Group):
     learning_rate: float = _arg(2e-4, "Adam learning rate (SFT and RL).")
     weight_decay: float = _arg(0.001, "Adam weight decay.")
     max_grad_norm: float = _arg(0.3, "Gradient-norm clip.")
-    lr_scheduler_type: str = _arg("constant", "Learning-rate schedule of SFT (HF names).")
+    lr_scheduler_type: str = _arg("constant", "Learning-rate schedule of SFT (HF names).", ONLY_SFT)
     warmup_ratio: float = _arg(
         0.0, "Warm-up fraction of SFT; needs a schedule with warm-up, e.g. constant_with_warmup (the paper's "
-        "0.03 did nothing under its constant schedule).")
-    max_steps: int = _arg(2000, "SFT optimiser steps, or RL iterations.")
-    group_by_length: bool = _arg(False, "SFT: batch texts of similar length together (less padding).")
+        "0.03 did nothing under its constant schedule).", (WARM_UP, ONLY_SFT))
+    max_steps: int = _arg(2000, "SFT optimiser steps, or RL iterations.",
+                          Applies("no --num_train_epochs", lambda a: a.num_train_epochs is None, (SFT_SCRIPT,)))
+    group_by_length: bool = _arg(False, "SFT: batch texts of similar length together (less padding).", ONLY_SFT)
     num_train_epochs: float | None = _arg(
-        None, "SFT: passes over the data; given, it replaces --max_steps for SFT (the paper's flag).")
+        None, "SFT: passes over the data; given, it replaces --max_steps for SFT (the paper's flag).", ONLY_SFT)
     optim: str = _arg("adamw_torch", "SFT optimiser, a transformers TrainingArguments.optim name (the paper: "
-                      "paged_adamw_32bit, bitsandbytes on CUDA; without CUDA it falls back to adamw_torch).")
+                      "paged_adamw_32bit, bitsandbytes on CUDA; without CUDA it falls back to adamw_torch).", ONLY_SFT)
     per_device_train_batch_size: int = _arg(4, "SFT batch size per device.")
-    gradient_accumulation_steps: int = _arg(1, "SFT gradient accumulation steps.")
+    gradient_accumulation_steps: int = _arg(1, "SFT gradient accumulation steps.", ONLY_SFT)
     seed: int = _arg(42, "Seed of every random generator of the run.")
 
     def __post_init__(self) -> None:
@@ -146,9 +245,6 @@ class OptimArguments(_Group):
         _at_least(self, 0, "weight_decay")
         _at_least(self, 1, "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps")
         need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
-        if self.warmup_ratio > 0 and self.lr_scheduler_type == "constant":
-            logger.warning("--warmup_ratio %s has no effect with --lr_scheduler_type constant "
-                           "(use constant_with_warmup)", self.warmup_ratio)
         super().__post_init__()
 
 
@@ -207,8 +303,9 @@ class EnvArguments(_Group):
         500, "AutoExplore: the most (word-sized) tokens a cat, head or tail shows of a file; fewer make shorter "
         "observations, for a small model's budget.")
     sandbox_dir: str | None = _arg(
-        None, "AutoExplore: the folder where the repository copies the agent explores are made (default: the "
-        "system's temporary folder).")
+        None, "AutoExplore: the folder where the repository copies the agent explores are made, in a folder of "
+        "the run's process that a later run removes if the process was killed (default: the system's temporary "
+        "folder).")
     alfworld_data: str | None = _arg(
         None, "ALFWorld json_2.1.1 data root (default: $ALFWORLD_DATA).")
     alfworld_task: str = _arg(
@@ -231,6 +328,7 @@ class EnvArguments(_Group):
         _at_least(self, 1, "auto_explore_view_tokens")
         need(not (self.first_step and self.oracle_completion), "oracle_completion",
              "and --first_step are two different bandits; give one")
+        output_folders(self, "sandbox_dir")
         from envs import ENVS
 
         need(self.env in ENVS, "env", f"{self.env!r} is not one of {tuple(ENVS)}")
@@ -252,12 +350,12 @@ class RLArguments(_Group):
     use_critic: bool = _arg(False, "The paper's name for --baseline critic.")
     critic_update_freq: int = _arg(
         1, "--baseline critic: train the critic every N iterations, on the decisions of those N, with its own "
-        "optimiser (the paper: 5). With this and --critic_update_iter at 1, it learns in the policy's step.")
+        "optimiser (the paper: 5). With this and --critic_update_iter at 1, it learns in the policy's step.", CRITIC)
     critic_update_iter: int = _arg(
         1, "--baseline critic: passes over those decisions, in minibatches of --per_device_train_batch_size, "
-        "each time the critic is trained (the paper: 5).")
+        "each time the critic is trained (the paper: 5).", CRITIC)
     critic_layer_type: Literal["linear", "mlp"] = _arg(
-        "linear", "--baseline critic: the value head, one linear layer or an MLP with one hidden layer.")
+        "linear", "--baseline critic: the value head, one linear layer or an MLP with one hidden layer.", CRITIC)
     shared_critic: bool = _arg(
         True, "The critic reads the policy's hidden state (the only critic the paper's code builds; a critic "
         "with a model of its own is not available).")
@@ -266,39 +364,40 @@ class RLArguments(_Group):
         "Use reflection (RL/eval: default on iff --reflect_load_dir is given; SFT: default "
         "decided by the data's markers).")
     reflect_prob: float = _arg(
-        1.0, "Probability that a step's policy prompt includes a reflection.")
-    reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.",
+        1.0, "Probability that a step's policy prompt includes a reflection.", REFLECTOR)
+    reflect_max_new_tokens: int = _arg(100, "Cap on the reflection's length in new tokens.", REFLECTOR,
                                        aliases=["--max_new_tokens"])
     reflect_one_line: bool = _arg(
         True, "Stop a generated reflection at its first newline and keep it on one line, as the SFT data is "
-        "(--no_reflect_one_line: only EOS or the token cap stop it, its lines kept whole, as the paper's code).")
+        "(--no_reflect_one_line: only EOS or the token cap stop it, its lines kept whole, as the paper's code).",
+        REFLECTOR)
     temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
     top_p: float = _arg(1.0, "Nucleus sampling of the reflection: keep the smallest set of tokens of total "
-                        "probability >= TOP_P (1: off, the paper's default).")
+                        "probability >= TOP_P (1: off, the paper's default).", REFLECTOR)
     top_k: int = _arg(0, "Sample the reflection from the TOP_K likeliest tokens only (0: off, like the paper's "
-                      "99999; 1: greedy reflections).")
+                      "99999; 1: greedy reflections).", REFLECTOR)
     per_device_eval_batch_size: int = _arg(
         8, "Episodes rolled out in parallel per device (RL and evaluation).")
     replay_buffer_size: int = _arg(
-        50, "Recent successful episodes kept for replay (0 turns replay off).")
+        50, "Recent successful episodes kept for replay (0 turns replay off).", PG)
     replay_batch_size: int = _arg(
-        4, "Replayed episodes trained on per iteration alongside the fresh ones.")
+        4, "Replayed episodes trained on per iteration alongside the fresh ones.", PG)
     mask_invalid: bool = _arg(
         True, "The policy chooses among the labels shown only (--no_mask_invalid: among all labels of its "
         "alphabet, a label not shown being a wasted step, as the paper's code).")
     replay_mode: Literal["joint", "separate"] = _arg(
         "joint", "PG replay: train the replayed successes with the fresh episodes in one step (joint), or take "
         "a separate step on one success drawn with replacement and empty the buffer at each new curriculum "
-        "level (separate, the paper's code).")
+        "level (separate, the paper's code).", PG)
     pg_normalize: Literal["episodes", "decisions"] = _arg(
         "episodes", "PG: divide the batch's summed loss by its episodes (the gradient of the mean episode cost) "
-        "or by its decisions (the paper's code).")
-    ppo_clip: float = _arg(0.1, "PPO ratio clip.", aliases=["--ppo_clip_coef"])
-    ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.", aliases=["--ppo_update_iter"])
-    refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.")
+        "or by its decisions (the paper's code).", PG)
+    ppo_clip: float = _arg(0.1, "PPO ratio clip.", PPO, aliases=["--ppo_clip_coef"])
+    ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.", PPO, aliases=["--ppo_update_iter"])
+    refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.", REFUEL)
     entropy_coef: float = _arg(
         0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
-        "per episode like the loss (the paper: 0, off).")
+        "per episode like the loss (the paper: 0, off).", PG_OR_PPO)
     resume_from: str | None = _arg(
         None, "RL checkpoint directory to continue from, exactly where it stopped.")
 
@@ -337,7 +436,7 @@ class CurriculumArguments(_Group):
     merge_first_two: bool = _arg(
         False, "AutoExplore curriculum: merge the first two depths that hold targets (0 and 1, or 1 and 2).")
     merge_after_first_k: int = _arg(
-        3, "AutoExplore curriculum: depths beyond the first k levels form one last level.")
+        3, "AutoExplore curriculum: depths beyond the first k levels form one last level.", DEPTH_CURRICULUM)
     curriculum_index: int | None = _arg(
         None, "Train (or evaluate) one curriculum level only.")
     curriculum_steps: list[int] | None = _arg(

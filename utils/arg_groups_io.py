@@ -1,12 +1,45 @@
 """The flags' groups of data generation, the LLM backend, evaluation and logging (the others, and
 the helpers every group uses, are in ``utils/arg_groups.py``); ``experiment_args.ScriptArguments``
-composes them all."""
+composes them all. :func:`read_input` reads the files that flags name, with one-line errors."""
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal
 
-from utils.arg_groups import _arg, _at_least, _Group, _positive, _probability, need
+from utils.arg_groups import (
+    API,
+    ONLY_EVALUATION,
+    ONLY_RL,
+    ONLY_SFT,
+    PANEL,
+    RL_SCRIPT,
+    Applies,
+    _arg,
+    _at_least,
+    _Group,
+    _positive,
+    _probability,
+    need,
+    output_folders,
+)
+from utils.errors import UsageError
 from utils.paths import RESULTS_DIR
+
+
+def read_input(path: str | Path, flag: str) -> str:
+    """The text of the input file ``path`` that ``flag`` names, or a :class:`UsageError` naming both: no such
+    file, a folder, unreadable, or not UTF-8 text (a binary file)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag}: {path} is a folder; give a file")
+    if not path.is_file():
+        raise UsageError(f"{flag}: no such file {str(path)!r}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{flag}: {path} is not UTF-8 text (byte {error.start}: a binary file?)") from None
+    except OSError as error:
+        raise UsageError(f"{flag}: cannot read {path} ({error.strerror or error})") from None
 
 
 @dataclass
@@ -45,6 +78,7 @@ class DataArguments(_Group):
     def __post_init__(self) -> None:
         _at_least(self, 1, "num_episodes")
         _probability(self, "random_prob")
+        output_folders(self, "output_dir")
         super().__post_init__()
 
 
@@ -56,18 +90,18 @@ class LLMArguments(_Group):
 
     api: Literal["openai", "azure", "local", "oracle"] = _arg(
         "openai", "LLM backend for data generation and GPT evaluation.")
-    model: str = _arg("gpt-4", "Model (or Azure deployment) name of the LLM backend.")
+    model: str = _arg("gpt-4", "Model (or Azure deployment) name of the LLM backend.", API)
     base_url: str | None = _arg(
         None, "Address of the OpenAI-compatible server: --api=local (default http://localhost:1234/v1), "
-        "--api=openai (a proxy; default OpenAI's), --api=azure (default $AZURE_BASE_URL).")
-    llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).")
-    llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.")
-    llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.")
+        "--api=openai (a proxy; default OpenAI's), --api=azure (default $AZURE_BASE_URL).", API)
+    llm_cache: str | None = _arg(None, "Folder caching LLM answers on disk (off by default).", API)
+    llm_max_retries: int = _arg(5, "Retries (with backoff) of rate-limited, timed-out or 5xx LLM requests.", API)
+    llm_timeout: float = _arg(60.0, "Seconds an LLM request may take.", API)
     llm_max_tokens: int | None = _arg(
         None, "A ceiling on the length of every LLM answer, in tokens (each step has its own: reflections 120, "
-        "tasks 600, AutoExplore steps 200, evaluated actions 64); for cheaper runs and slow local servers.")
+        "tasks 600, AutoExplore steps 200, evaluated actions 64); for cheaper runs and slow local servers.", API)
     max_concurrency: int = _arg(8, "LLM requests in flight at once (independent episodes, tasks or files run "
-                                   "side by side; the records written do not depend on it).")
+                                   "side by side; the records written do not depend on it).", API)
 
     def __post_init__(self) -> None:
         _at_least(self, 0, "llm_max_retries")
@@ -75,6 +109,7 @@ class LLMArguments(_Group):
         _positive(self, "llm_timeout")
         need(not self.base_url or self.base_url.startswith(("http://", "https://")), "base_url",
               f"must start with http:// or https://, got {self.base_url!r}")
+        output_folders(self, "llm_cache")
         super().__post_init__()
 
 
@@ -84,19 +119,22 @@ class EvalArguments(_Group):
 
     TITLE: ClassVar[str] = "evaluation"
 
-    eval_reps: int = _arg(10, "Times each test task is run in evaluation.")
+    eval_reps: int = _arg(10, "Times each test task is run in evaluation.", ONLY_EVALUATION)
     eval_level_episodes: int = _arg(
         0, "Evaluation: at least this many episodes per level (e.g. AutoExplore depth): a level's tasks are repeated "
-        "ceil(N / tasks) times when that exceeds --eval_reps (0: --eval_reps for every level).")
+        "ceil(N / tasks) times when that exceeds --eval_reps (0: --eval_reps for every level).", ONLY_EVALUATION)
     eval_levels: list[str] | None = _arg(
-        None, "Evaluation: play only these levels' held-out units (e.g. --eval_levels 'depth 1' 'depth 2'; default: all).")
+        None, "Evaluation: play only these levels' held-out units (e.g. --eval_levels 'depth 1' 'depth 2'; default: "
+        "all); RL: those of the validation panel (--eval_steps).",
+        Applies(PANEL.where, PANEL.holds, scripts=(RL_SCRIPT,)))
     eval_steps: int = _arg(
         0, "RL: play a fixed validation panel (seeds and tasks apart from the final evaluation's) every this many "
-        "iterations and log heldout_success (0: off).")
-    eval_panel: int = _arg(20, "RL: validation panel episodes per level, task or problem (see --eval_steps).")
+        "iterations and log heldout_success (0: off).", ONLY_RL)
+    eval_panel: int = _arg(20, "RL: validation panel episodes per level, task or problem (see --eval_steps).", PANEL)
     validation_task_file: str | None = _arg(
         None, "AutoExplore RL: the tasks of the validation panel (--eval_steps), e.g. the split's validate.json; "
-        "without it the panel plays --task_file's tasks (the training tasks) at validation seeds, with a warning.")
+        "without it the panel plays --task_file's tasks (the training tasks) at validation seeds, with a warning.",
+        PANEL)
     policy: Literal["oracle", "random", "human"] = _arg(
         "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).")
     runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
@@ -128,7 +166,7 @@ class LoggingArguments(_Group):
     preset: Literal["paper"] | None = _arg(
         None, "paper: every setting that utils/parity.py lists takes the paper's value (explicit flags and --config "
         "still win); setting.yml records the resolved values.")
-    logging_steps: int = _arg(10, "SFT: log the loss every this many steps.")
+    logging_steps: int = _arg(10, "SFT: log the loss every this many steps.", ONLY_SFT)
     expdirs: list[str] | None = _arg(
         None, "visualization.plot: run directories to plot (NAME=DIR sets the legend label).")
     output_file: str | None = _arg(None, "Where a script writes its single output file (plot PNG ...).")
@@ -137,4 +175,7 @@ class LoggingArguments(_Group):
 
     def __post_init__(self) -> None:
         _at_least(self, 1, "save_steps", "logging_steps", "save_total_limit")
+        output_folders(self, "ckpt_path")
+        need(not self.output_file or not Path(self.output_file).is_dir(), "output_file",
+             f"{self.output_file} is a folder; give a file name")
         super().__post_init__()

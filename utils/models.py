@@ -48,8 +48,8 @@ def compute_dtype(args) -> torch.dtype:
 def resolve_model_path(model_name: str) -> str:
     """Where ``from_pretrained`` finds ``model_name``.
 
-    A hub id or a local directory stays as it is; ``tiny-gpt2`` is built (once) and cached;
-    a ``.gguf`` file is dequantised (once) into a float model folder in the cache.
+    A local directory stays as it is; ``tiny-gpt2`` is built (once) and cached; a ``.gguf`` file is
+    dequantised (once) into a float model folder in the cache; a hub id is :func:`hub_model`'s.
     """
     if model_name == TINY_MODEL:
         from utils import tiny_gpt2
@@ -57,7 +57,53 @@ def resolve_model_path(model_name: str) -> str:
         return str(tiny_gpt2.tiny_gpt2_path())
     if model_name.endswith(".gguf"):
         return str(gguf_folder(model_name))
-    return model_name
+    if Path(model_name).expanduser().is_dir():
+        return model_name
+    return hub_model(model_name)
+
+
+HUB_PROBE_SECONDS = 3.0  # how long the hub may take to answer before it counts as out of reach
+
+
+def hub_model(model_id: str) -> str:
+    """``model_id`` as ``from_pretrained`` should get it: the id itself where the hub can be reached (it
+    downloads what the cache lacks), else the model's folder in the local Hugging Face cache.
+
+    Without the hub (``HF_HUB_OFFLINE`` set, or no answer within :data:`HUB_PROBE_SECONDS`) a model that is
+    not in the cache is a ``UsageError`` at once, saying that nothing can be downloaded: transformers would
+    otherwise retry for about a minute, then fail with a traceback. A name that is no hub id (a path that
+    does not exist, say) is one too.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(model_id)
+    except HFValidationError:
+        raise UsageError(f"--model_name {model_id!r}: no such model folder (nor a Hugging Face hub id, "
+                         "a .gguf file or tiny-gpt2)") from None
+    if not constants.HF_HUB_OFFLINE and _hub_reachable(constants.ENDPOINT):
+        return model_id
+    try:
+        return snapshot_download(model_id, local_files_only=True)
+    except (OSError, ValueError):
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
+        raise UsageError(f"--model_name {model_id!r}: not a local folder nor in the Hugging Face cache, and {why}: "
+                         "nothing can be downloaded (give a local model folder, a .gguf file or tiny-gpt2, or "
+                         "download the model where the hub can be reached)") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _hub_reachable(endpoint: str) -> bool:
+    """Whether the hub answers at all (any HTTP status) within :data:`HUB_PROBE_SECONDS`; asked once per process."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)
+    except Exception:  # noqa: BLE001 - any failure to connect (DNS, refused, timeout, proxy) means out of reach
+        return False
+    return True
 
 
 def gguf_folder(gguf_file: str | os.PathLike) -> Path:
@@ -115,13 +161,18 @@ def load_tokenizer(model_name: str):
     from transformers import AutoConfig, AutoTokenizer
 
     path = resolve_model_path(model_name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+    except OSError as error:  # a folder without a model's files, a gated or unknown hub id ...
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"--model_name {model_name!r}: cannot load its tokenizer ({first})") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise UsageError(f"--model_name {model_name!r}: its tokenizer has neither a pad nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
-    positions = _max_positions(AutoConfig.from_pretrained(path))
+    positions = _max_positions(config)
     if positions:
         tokenizer.model_max_length = min(tokenizer.model_max_length, positions)
     label_alphabet(tokenizer)  # fails early, one line, if the tokenizer has too few single-token labels

@@ -41,7 +41,7 @@ from data_gen.common import (
 from data_gen.common import journal_name as common_journal_name
 from envs import env_kwargs, make_env
 from envs.base import rng_seed
-from experiment_args import parse_args, require_env
+from experiment_args import require_env, run_script
 from utils.errors import UsageError
 from utils.io import write_json
 from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
@@ -169,4 +169,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.alfworld.reflection", env="alfworld")))
+    sys.exit(run_script(main, "python -m data_gen.alfworld.reflection", env="alfworld"))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from envs.auto_explore_tasks import DEFAULT_REPOS_DIR, task_targets
 from envs.sandbox import is_safe_name
+from utils.errors import UsageError
 from utils.paths import DATA_DIR
 
 DATA_ROOT = DATA_DIR / "auto_explore"
@@ -33,7 +34,7 @@ def filtered_repos_dir(args) -> Path:
     """The folder of filtered repositories that tasks' ``root`` names live in."""
     path = Path(args.repo_dir) if args.repo_dir else DEFAULT_REPOS_DIR
     if not path.is_dir():
-        raise ValueError(f"--repo_dir: folder of filtered repositories {str(path)!r} not found "
+        raise UsageError(f"--repo_dir: folder of filtered repositories {str(path)!r} not found "
                          "(run data_gen.auto_explore.filter_repo first)")
     return path
 

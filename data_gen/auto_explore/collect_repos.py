@@ -20,7 +20,7 @@ from pathlib import Path
 
 from data_gen.auto_explore import RAW_REPOS_DIR
 from data_gen.common import print_counts
-from experiment_args import parse_args
+from experiment_args import run_script
 
 logger = logging.getLogger(__name__)
 
@@ -118,4 +118,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.collect_repos")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.collect_repos"))

@@ -25,8 +25,9 @@ from pathlib import Path
 from data_gen.common import print_counts
 from envs.auto_explore_tasks import DEFAULT_REPOS_DIR, target_depth
 from envs.sandbox import MAX_COPY_BYTES, file_kind, is_safe_name
-from experiment_args import parse_args
+from experiment_args import run_script
 from prompts import LABELS
+from utils.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -141,19 +142,19 @@ def filter_repo(source: Path, out_dir: Path, counts: Counter) -> int:
 
 def main(args) -> int:
     if not args.repo_dir:
-        raise ValueError("--repo_dir: give the folder whose subfolders are the repositories to filter")
+        raise UsageError("--repo_dir: give the folder whose subfolders are the repositories to filter")
     repo_dir = Path(args.repo_dir)
     if not repo_dir.is_dir():
-        raise ValueError(f"--repo_dir: {str(repo_dir)!r} is not a folder")
+        raise UsageError(f"--repo_dir: {str(repo_dir)!r} is not a folder")
     out_dir = Path(args.output_dir) if args.output_dir else DEFAULT_REPOS_DIR
     if out_dir.resolve() == repo_dir.resolve() or repo_dir.resolve() in out_dir.resolve().parents:
-        raise ValueError(f"--output_dir: {str(out_dir)!r} must not be inside --repo_dir={str(repo_dir)!r} "
+        raise UsageError(f"--output_dir: {str(out_dir)!r} must not be inside --repo_dir={str(repo_dir)!r} "
                          "(it would be read as a repository next time)")
     repos = sorted(entry for entry in repo_dir.iterdir()
                    if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."))
     bad = [entry.name for entry in repos if not is_safe_name(entry.name)]
     if bad:
-        raise ValueError(f"--repo_dir: repository folder names must be plain ASCII, got {bad}")
+        raise UsageError(f"--repo_dir: repository folder names must be plain ASCII, got {bad}")
     out_dir.mkdir(parents=True, exist_ok=True)
     counts: Counter = Counter()
     per_repo = {}
@@ -169,4 +170,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.filter_repo")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.filter_repo"))

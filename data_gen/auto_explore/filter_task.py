@@ -11,16 +11,15 @@ shallowest target) are recomputed. Output ``tasks_filtered/data.json`` (or in
 """
 
 import logging
-import stat
 import sys
 from collections import Counter
 from pathlib import Path
 
 from data_gen.auto_explore import FILTERED_DIR, TASKS_DIR, filtered_repos_dir
 from data_gen.common import print_counts
-from envs.auto_explore_tasks import load_tasks, optimal_path, target_depth, task_targets
-from envs.sandbox import SandboxError, file_kind, resolve
-from experiment_args import parse_args
+from envs.auto_explore_tasks import existing_targets, load_tasks, optimal_path, target_depth
+from experiment_args import run_script
+from utils.errors import UsageError
 from utils.io import write_json
 
 logger = logging.getLogger(__name__)
@@ -30,33 +29,10 @@ def read_tasks(task_file: Path) -> list[dict]:
     if task_file.is_dir():
         files = sorted(p for p in task_file.glob("*.json") if p.name != "data.json" and not p.name.startswith("."))
         if not files:
-            raise ValueError(f"--task_file: no per-repo task file (*.json) in folder {str(task_file)!r}")
+            raise UsageError(f"--task_file: no per-repo task file (*.json) in folder {str(task_file)!r}")
     else:
         files = [task_file]
     return [task for path in files for task in load_tasks(path, whole_records=True)]
-
-
-def existing_targets(task: dict, repos_dir: Path) -> list[str]:
-    """The task's target files present (as allowed regular files) in its filtered repository."""
-    try:
-        targets = task_targets(task.get("filename"))
-    except ValueError:
-        return []
-    root = task.get("root")
-    if not isinstance(root, str) or not root:
-        return []
-    repo = Path(root) if Path(root).is_absolute() else repos_dir / root
-    if not repo.is_dir():
-        return []
-    present = []
-    for target in targets:
-        try:
-            _, status = resolve(str(repo), "", target)
-        except SandboxError:
-            continue
-        if stat.S_ISREG(status.st_mode) and file_kind(target):
-            present.append(target)
-    return present
 
 
 def filter_tasks(tasks: list[dict], repos_dir: Path, counts: Counter) -> list[dict]:
@@ -89,7 +65,7 @@ def filter_tasks(tasks: list[dict], repos_dir: Path, counts: Counter) -> list[di
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else TASKS_DIR
     if not task_file.exists():
-        raise ValueError(f"--task_file: {str(task_file)!r} does not exist")
+        raise UsageError(f"--task_file: {str(task_file)!r} does not exist")
     repos_dir = filtered_repos_dir(args)
     out_dir = Path(args.output_dir) if args.output_dir else FILTERED_DIR
     tasks = read_tasks(task_file)
@@ -106,4 +82,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.filter_task")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.filter_task"))

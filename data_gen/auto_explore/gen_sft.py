@@ -23,10 +23,11 @@ from data_gen.auto_explore import FILTERED_DIR, filtered_repos_dir, task_key
 from data_gen.common import item_rng, print_counts
 from data_gen.sft import sft_labels, sft_texts
 from envs.auto_explore import AutoExploreEnv
-from envs.auto_explore_tasks import load_tasks
+from envs.auto_explore_tasks import field_problem, load_tasks
 from envs.base import rng_seed
 from experiment_args import run_script
 from prompts import write_label_file
+from utils.errors import UsageError
 from utils.io import write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -91,9 +92,32 @@ def trajectory_texts(env: AutoExploreEnv, task: dict, trajectory: dict, seed: in
     return used, positive
 
 
+def record_problem(record: dict) -> str | None:
+    """Why ``record`` is no task with trajectories this step can replay (its fields' kinds), or None."""
+    problem = field_problem(record)
+    if problem is not None:
+        return problem
+    trajectories = record.get("trajectories")
+    if not isinstance(trajectories, list):
+        return "it has no list 'trajectories'"
+    for index, trajectory in enumerate(trajectories):
+        steps = trajectory.get("trajectory") if isinstance(trajectory, dict) else None
+        if not isinstance(steps, list) or not isinstance(trajectory.get("info"), str):
+            return f"trajectory {index} is not an object with a string 'info' and a list 'trajectory'"
+        if not all(isinstance(step, dict) and isinstance(step.get("cmd"), str) and "reflection" in step
+                   for step in steps):
+            return f"a step of trajectory {index} is not an object with a string 'cmd' and a 'reflection'"
+    return None
+
+
 def main(args) -> int:
     task_file = Path(args.task_file) if args.task_file else FILTERED_DIR / "train.json"
     records = load_tasks(task_file, whole_records=True)
+    for number, record in enumerate(records):
+        problem = record_problem(record)
+        if problem is not None:
+            raise UsageError(f"--task_file: task {number} of {task_file}: {problem} (give the output of "
+                             "reflection_negative or split_data)")
     out_dir = Path(args.output_dir) if args.output_dir else task_file.parent
     labels = sft_labels(args)
     env = AutoExploreEnv(horizon=args.horizon, shuffle_action=args.shuffle_action, leaveout_prob=0.0,
@@ -103,9 +127,6 @@ def main(args) -> int:
     counts: Counter = Counter()
     try:
         for record in records:
-            if "trajectories" not in record:
-                raise ValueError(f"--task_file: {task_file} holds a task without 'trajectories' "
-                                 "(give the output of reflection_negative or split_data)")
             for index, trajectory in enumerate(record["trajectories"]):
                 used, positive = trajectory_texts(env, record, trajectory, replay_seed(args.seed, record, index),
                                                   counts, all_positives=args.sft_positives == "all")

@@ -37,7 +37,8 @@ from data_gen.auto_explore import TASKS_DIR, filtered_repos_dir, list_repos
 from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts
 from envs.auto_explore_tasks import optimal_path, target_depth
 from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
-from experiment_args import parse_args
+from experiment_args import run_script
+from utils.errors import UsageError
 from utils.io import write_json
 from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
 from utils.paths import file_digest
@@ -335,9 +336,9 @@ def main(args) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else TASKS_DIR
     repos = list_repos(repos_dir)
     if not repos:
-        raise ValueError(f"--repo_dir: no repository folder in {str(repos_dir)!r}")
+        raise UsageError(f"--repo_dir: no repository folder in {str(repos_dir)!r}")
     if "data" in repos:
-        raise ValueError(f"--repo_dir: a repository named 'data' in {str(repos_dir)!r} would overwrite "
+        raise UsageError(f"--repo_dir: a repository named 'data' in {str(repos_dir)!r} would overwrite "
                          f"{out_dir}/data.json; rename its folder")
     client = make_client(args)
     journal = Journal(out_dir, journal_name("gen_task", model_name(args), args.seed))
@@ -383,4 +384,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.gen_task")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.gen_task"))

@@ -42,7 +42,7 @@ from envs.auto_explore import AutoExploreEnv
 from envs.auto_explore_tasks import load_tasks, optimal_path, task_targets
 from envs.base import rng_seed
 from envs.sandbox_paths import quote_path
-from experiment_args import parse_args
+from experiment_args import run_script
 from utils.io import write_json
 from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
 
@@ -334,4 +334,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.reflection_negative")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.reflection_negative"))

@@ -14,7 +14,7 @@ from pathlib import Path
 from data_gen.auto_explore import FILTERED_DIR
 from data_gen.common import item_rng, print_counts
 from envs.auto_explore_tasks import load_tasks
-from experiment_args import parse_args
+from experiment_args import run_script
 from utils.errors import UsageError
 from utils.io import write_json
 
@@ -68,4 +68,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.auto_explore.split_data")))
+    sys.exit(run_script(main, "python -m data_gen.auto_explore.split_data"))

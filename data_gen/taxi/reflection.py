@@ -27,7 +27,7 @@ from data_gen.common import journal_name as common_journal_name
 from envs import make_env
 from envs.base import rng_seed
 from envs.taxi import DangerousTaxiEnv, curriculum_at
-from experiment_args import parse_args, require_env
+from experiment_args import require_env, run_script
 from utils.io import write_json
 from utils.llm import concurrency, make_client, model_name, stops_on_llm_error
 from utils.paths import DATA_DIR
@@ -176,4 +176,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m data_gen.taxi.reflection", env="taxi")))
+    sys.exit(run_script(main, "python -m data_gen.taxi.reflection", env="taxi"))

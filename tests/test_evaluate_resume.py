@@ -1,0 +1,213 @@
+"""evaluation.evaluate keeps every finished result (issue 31, defects 1, 3 and 7): every entry of its list is
+checked before the first episode; each configuration is journalled as it finishes, so an entry that fails
+while playing leaves the others' results, and a killed run resumes with the same command; the levels are
+listed in curriculum order."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from evaluation import evaluate
+from experiment_args import parse_args, run_script
+from rollout import Episode
+from tests.conftest import REPO
+from tests.test_checkpoint_roles import SFT_POLICY, SFT_REFLECTOR, one_line_exit, role_checkpoint
+from utils import checkpoints
+
+EVALUATE_CONFIG = evaluate.evaluate_config
+FLAGS = ["--model_name=tiny-gpt2", "--env=taxi", "--taxi_curriculum", "--eval_reps=2",
+         "--per_device_eval_batch_size=3", "--reflect_max_new_tokens=4", "--horizon=6"]
+
+
+@pytest.fixture(scope="module")
+def players(tmp_path_factory):
+    base = tmp_path_factory.mktemp("players")
+    return {"policy": role_checkpoint(base / "policy", SFT_POLICY),
+            "other policy": role_checkpoint(base / "other", SFT_POLICY, seed=7),
+            "reflector": role_checkpoint(base / "reflector", SFT_REFLECTOR)}
+
+
+def _listing(folder, entries: list) -> str:
+    path = folder / "list.yaml"
+    path.write_text(yaml.safe_dump(entries, sort_keys=False))
+    return str(path)
+
+
+def _three(players, second: dict | None = None) -> list[dict]:
+    return [{"env": "taxi", "name": "first", "load_dir": players["policy"]},
+            second or {"env": "taxi", "name": "second", "load_dir": players["other policy"]},
+            {"env": "taxi", "name": "third", "load_dir": players["policy"], "reflect_load_dir": players["reflector"]}]
+
+
+# --- every entry checked before the first episode ------------------------------------------------------
+
+def test_a_list_whose_second_entry_is_broken_refuses_to_start(players, tmp_path, monkeypatch, capsys):
+    missing = str(tmp_path / "results" / "9_supervised_pretrain" / "checkpoint-10")
+    listing = _listing(tmp_path, _three(players, {"env": "taxi", "name": "second", "load_dir": missing}))
+    line = one_line_exit(monkeypatch, capsys, evaluate.main, evaluate.PROG,
+                         [*FLAGS, f"--ckpt_path={tmp_path / 'results'}", f"--eval_load_list={listing}"])
+    assert line.endswith("1 of the 3 evaluation configurations cannot run, so none was played: configuration 2 "
+                         f"(second): load_dir {missing!r} does not exist")
+    assert not (tmp_path / "results").exists()  # no run folder, no journal: nothing was played
+
+
+def test_every_bad_entry_is_named_with_what_is_wrong(players, tmp_path, monkeypatch, capsys):
+    entries = [{"env": "taxi", "name": "fine", "load_dir": players["policy"]},
+               {"env": "taxi", "name": "typo", "loaddir": players["policy"]},
+               {"env": "alfworld", "name": "elsewhere"},
+               {"name": "swapped", "load_dir": players["reflector"], "reflect_load_dir": players["policy"]},
+               "just a string"]
+    line = one_line_exit(monkeypatch, capsys, evaluate.main, evaluate.PROG,
+                         [*FLAGS, f"--ckpt_path={tmp_path / 'results'}", f"--eval_load_list={_listing(tmp_path, entries)}"])
+    assert "4 of the 5 evaluation configurations cannot run" in line and "configuration 1" not in line
+    assert "configuration 2 (typo): unknown keys ['loaddir']" in line
+    assert "configuration 3 (elsewhere): it is for env 'alfworld', but this run evaluates --env=taxi" in line
+    assert (f"configuration 4 (swapped): load_dir {players['reflector']!r} is an SFT reflector checkpoint, not a "
+            f"policy; reflect_load_dir {players['policy']!r} is an SFT policy checkpoint, not a reflector") in line
+    assert "configuration 5 is not a mapping" in line
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("case, says", [
+    ("missing", "no such file"), ("a folder", "is a folder; give a file"), ("a mapping", "must hold a list"),
+    ("empty", "must hold a list of {env, load_dir, reflect_load_dir, name}, not nothing"),
+    ("binary", "is not UTF-8 text"), ("bad YAML", "is not a YAML file")])
+def test_eval_load_list_that_is_no_list_is_one_line(case, says, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "list.yaml"
+    content = {"a folder": None, "missing": None, "a mapping": "env: taxi\nload_dir: x\n", "empty": "",
+               "binary": b"\xff\xfe\x00\x81", "bad YAML": "- {env: taxi\n"}[case]
+    if case == "a folder":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    line = one_line_exit(monkeypatch, capsys, evaluate.main, evaluate.PROG,
+                         [*FLAGS, f"--ckpt_path={tmp_path / 'results'}", f"--eval_load_list={path}"])
+    assert line.startswith(f"{evaluate.PROG}: error: --eval_load_list: ") and says in line and str(path) in line
+    assert not (tmp_path / "results").exists()
+
+
+def test_load_dir_beside_the_in_code_list_is_said_to_be_ignored(players, make_args, caplog):
+    args = make_args(env="taxi", load_dir=players["reflector"])  # not even a policy: it is not looked at
+    with caplog.at_level(logging.WARNING):
+        configs = evaluate.load_configs(args, [{"env": "taxi", "name": "listed", "load_dir": players["policy"]}])
+    assert [c["name"] for c in configs] == ["listed"]
+    assert any("--load_dir and --reflect_load_dir are ignored: EVAL_LOAD_LIST" in r.getMessage() for r in caplog.records)
+
+
+# --- results kept: a failing entry, a resumed run -------------------------------------------------------
+
+def _played(monkeypatch, fail: str | None = None) -> list[str]:
+    """The names of the configurations evaluation.evaluate plays from now on (``fail``'s raises)."""
+    played = []
+
+    def spy(args, config, envs, starts):
+        played.append(config["name"])
+        if config["name"] == fail:
+            raise RuntimeError("the GPU fell off")
+        return EVALUATE_CONFIG(args, config, envs, starts)
+
+    monkeypatch.setattr(evaluate, "evaluate_config", spy)
+    return played
+
+
+def test_an_entry_failing_while_playing_is_reported_beside_the_others_results(players, tmp_path, monkeypatch,
+                                                                              capsys):
+    argv = [*FLAGS, f"--eval_load_list={_listing(tmp_path, _three(players))}"]
+    played = _played(monkeypatch, fail="second")
+    monkeypatch.setattr("sys.argv", [evaluate.PROG, *argv, f"--ckpt_path={tmp_path / 'results'}"])
+    assert run_script(evaluate.main, evaluate.PROG) == 1
+    err = capsys.readouterr().err
+    assert played == ["first", "second", "third"] and "RuntimeError: the GPU fell off" in err  # its traceback
+    (run,) = checkpoints.run_dirs(tmp_path / "results", evaluate.SCRIPT)
+    line = err.strip().splitlines()[-1]
+    assert line == (f"{evaluate.PROG}: error: configuration 2 (second): RuntimeError: the GPU fell off (failed while "
+                    f"playing, traceback above); the results of the 2 others are in {run}; the same command plays "
+                    "again only what did not finish")
+    assert [r["name"] for r in json.loads((run / "results.json").read_text())] == ["first", "third"]
+
+    # the same command again plays only the failed entry, and writes what one uninterrupted run writes
+    played = _played(monkeypatch)
+    assert run_script(evaluate.main, evaluate.PROG) == 0
+    assert played == ["second"]
+    resumed = checkpoints.run_dirs(tmp_path / "results", evaluate.SCRIPT)[-1]
+    assert evaluate.main(parse_args([*argv, f"--ckpt_path={tmp_path / 'straight'}"])) == 0
+    (straight,) = checkpoints.run_dirs(tmp_path / "straight", evaluate.SCRIPT)
+    for name in ("results.json", "results.md"):
+        assert (resumed / name).read_text() == (straight / name).read_text()
+    results = json.loads((straight / "results.json").read_text())
+    assert [r["name"] for r in results] == ["first", "second", "third"]
+    assert all(list(r["levels"]) == ["pickup", "dropoff", "full", "all"] for r in results)  # curriculum order
+
+
+def test_a_finished_run_leaves_no_journal_and_a_retrained_checkpoint_is_played_again(players, tmp_path,
+                                                                                     monkeypatch):
+    checkpoint = role_checkpoint(tmp_path / "policy", SFT_POLICY)
+    entries = [{"name": "p", "load_dir": checkpoint}, {"name": "q", "load_dir": players["policy"]}]
+    argv = [*FLAGS, "--curriculum_index=0", f"--ckpt_path={tmp_path / 'results'}",
+            f"--eval_load_list={_listing(tmp_path, entries)}"]
+    played = _played(monkeypatch)
+    assert evaluate.main(parse_args(argv)) == 0 and evaluate.main(parse_args(argv)) == 0
+    assert played == ["p", "q", "p", "q"]  # a finished run's journal is gone: a later run plays afresh
+    assert not list((tmp_path / "results" / ".progress").iterdir())
+    played = _played(monkeypatch, fail="q")
+    assert evaluate.main(parse_args(argv)) == 1
+    role_checkpoint(tmp_path / "policy", SFT_POLICY)  # trained again, under the same name, before the resume
+    played = _played(monkeypatch)
+    assert evaluate.main(parse_args(argv)) == 0
+    assert played == ["p", "q"]
+
+
+# --- the table in curriculum order ----------------------------------------------------------------------
+
+def test_levels_are_listed_in_the_order_of_the_held_out_units():
+    episodes = [Episode(seed=i, options={}, level=level, success=i % 2 == 0, cost=1.0)
+                for i, level in enumerate(["pickup", "pickup", "dropoff", "full"])]
+    summary = evaluate.summarise(episodes)
+    assert list(summary) == ["pickup", "dropoff", "full", "all"]
+    header = evaluate.markdown_table([{"name": "x", "levels": summary}]).splitlines()[0]
+    assert header.index("pickup") < header.index("dropoff") < header.index("full")
+
+
+# --- kill -9 halfway, then the same command -------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_list_killed_after_its_first_entry_resumes_to_the_same_results(players, tmp_path):
+    argv = [*FLAGS, f"--eval_load_list={_listing(tmp_path, _three(players))}"]
+    command = [sys.executable, "-m", "evaluation.evaluate", *argv, f"--ckpt_path={tmp_path / 'results'}"]
+    progress = tmp_path / "results" / ".progress"
+    with open(tmp_path / "killed.log", "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while process.poll() is None and time.time() < deadline:
+            journals = list(progress.glob("evaluate_*.jsonl")) if progress.is_dir() else []
+            if journals and journals[0].read_text().count("\n") >= 1:
+                os.kill(process.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    (journal,) = progress.glob("evaluate_*.jsonl")
+    finished = journal.read_text().count("\n")
+    assert 1 <= finished < 3, "the kill should land while an entry is still playing"
+    assert not checkpoints.run_dirs(tmp_path / "results")  # the run folder is made at the end
+
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for number, name in enumerate(["first", "second", "third"], 1):
+        done_before = number <= finished
+        assert (f"configuration {number} ({name}): 1 of 1 items already done" in again.stderr) == done_before, name
+        assert (f"eval {name}" in again.stderr) != done_before, name  # its progress bar: played
+    (resumed,) = checkpoints.run_dirs(tmp_path / "results", evaluate.SCRIPT)
+
+    assert evaluate.main(parse_args([*argv, f"--ckpt_path={tmp_path / 'straight'}"])) == 0
+    (straight,) = checkpoints.run_dirs(tmp_path / "straight", evaluate.SCRIPT)
+    assert (resumed / "results.json").read_text() == (straight / "results.json").read_text()
