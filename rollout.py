@@ -104,6 +104,12 @@ class RolloutStats:
     reflection_new_tokens: int = 0
     truncated: int = 0  # prompts cut from the left at max_seq_length
     decisions: int = 0
+    reflections: int = 0  # reflections asked for
+    reflection_hits: int = 0  # of those, answered from the memo (ReflectionMemo) without generating
+
+    @property
+    def reflection_hit_rate(self) -> float:
+        return self.reflection_hits / self.reflections if self.reflections else 0.0
 
     @property
     def prompt_tokens(self) -> int:
@@ -175,7 +181,11 @@ def encode_left(tokenizer, prompts: list[str], max_length: int, device) -> Encod
     """Left-padded batch, each prompt cut from the left at ``max_length``."""
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     truncated = sum(len(x) > max_length for x in ids)
-    ids = [x[-max_length:] for x in ids]
+    return pad_left(tokenizer, [x[-max_length:] for x in ids], truncated, device)
+
+
+def pad_left(tokenizer, ids: list[list[int]], truncated: int, device) -> Encoded:
+    """Token ids (already cut to length) as a left-padded batch."""
     width = max(map(len, ids))
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
@@ -191,11 +201,37 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
     return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
+class ReflectionMemo:
+    """The reflections a frozen reflector has written, by prompt: an exact cache where the same prompt always
+    gives the same text (greedy reflections, ``--top_k 1``).
+
+    Keyed on the prompt's token ids as the reflector reads them (cut to length), and valid only for the
+    weights it was filled under: each tensor's version counter (bumped by every in-place change, such as an
+    optimiser step) is compared at each use, and any change empties the memo. ``--no_reflection_memo``
+    turns it off.
+    """
+
+    def __init__(self, reflector):
+        self.reflector = reflector
+        self.texts: dict[tuple[int, ...], str] = {}
+        self._versions = self._weights_version()
+
+    def _weights_version(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self.reflector.parameters())
+
+    def check(self) -> None:
+        """Forget everything if the reflector's weights changed since the memo was filled."""
+        versions = self._weights_version()
+        if versions != self._versions:
+            self.texts.clear()
+            self._versions = versions
+
+
 class TwoPlayerRollout:
     def __init__(self, policy, tokenizer, *, reflector=None, reflect_tokenizer=None, reflect_prob: float = 1.0,
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
-                 mask_invalid: bool = True):
+                 mask_invalid: bool = True, reflection_memo: bool = True):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -210,6 +246,9 @@ class TwoPlayerRollout:
         self.mask_invalid = mask_invalid
         newline = self.reflect_tokenizer.encode("\n", add_special_tokens=False) if reflect_one_line else []
         self._stop_ids = [self.reflect_tokenizer.eos_token_id] + (newline if len(newline) == 1 else [])
+        # Only where a prompt's reflection is a function of the prompt: greedy decoding.
+        deterministic = greedy or top_k == 1
+        self.memo = ReflectionMemo(reflector) if reflection_memo and deterministic and reflector is not None else None
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -250,17 +289,35 @@ class TwoPlayerRollout:
         return cls(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                    reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
-                   reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid)
+                   reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
+                   reflection_memo=args.reflection_memo)
 
     # --- the two players ----------------------------------------------------------------
 
     @torch.no_grad()
     def reflect(self, prompts: list[str], seed: int) -> list[str]:
-        """Reflections for ``prompts`` in one batched, seeded ``generate``."""
+        """Reflections for ``prompts`` in one batched, seeded ``generate``; those the memo holds
+        (:class:`ReflectionMemo`) are not generated again."""
         if not prompts:
             return []
-        encoded = encode_left(self.reflect_tokenizer, prompts, self.scorer.max_seq_length - self.max_new_tokens,
-                              _device(self.reflector))
+        max_length = self.scorer.max_seq_length - self.max_new_tokens
+        whole = self.reflect_tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        self.stats.truncated += sum(len(x) > max_length for x in whole)
+        self.stats.reflections += len(prompts)
+        ids = [x[-max_length:] for x in whole]
+        if self.memo is None:
+            return self._generate(ids, seed)
+        self.memo.check()
+        keys = [tuple(x) for x in ids]
+        missing = list(dict.fromkeys(key for key in keys if key not in self.memo.texts))
+        self.stats.reflection_hits += len(keys) - len(missing)
+        if missing:
+            self.memo.texts.update(zip(missing, self._generate([list(key) for key in missing], seed)))
+        return [self.memo.texts[key] for key in keys]
+
+    def _generate(self, ids: list[list[int]], seed: int) -> list[str]:
+        """One batched, seeded ``generate`` after each prompt's token ids (cut to length already)."""
+        encoded = pad_left(self.reflect_tokenizer, ids, 0, _device(self.reflector))
         batch = encoded.inputs
         config = GenerationConfig(
             do_sample=not self.greedy, temperature=self.temperature if not self.greedy else None,
@@ -274,7 +331,6 @@ class TwoPlayerRollout:
                 out = self.reflector.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                               generation_config=config)
         new = out[:, batch["input_ids"].shape[1]:]
-        self.stats.truncated += encoded.truncated
         self.stats.reflection_prompt_tokens += encoded.tokens
         self.stats.reflection_new_tokens += int((new != self.reflect_tokenizer.pad_token_id).sum())
         texts = self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)

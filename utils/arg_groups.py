@@ -63,6 +63,8 @@ DEPTH_CURRICULUM = Applies("--depth_curriculum", lambda a: a.depth_curriculum)
 # Evaluation may take its reflectors from --eval_load_list's entries, so there only RL and evaluation say.
 REFLECTOR = Applies("a reflector: --reflect_load_dir, --reflect or an --eval_load_list entry's",
                     lambda a: a.use_reflection or bool(a.eval_load_list), scripts=(RL_SCRIPT, EVAL_SCRIPT))
+# The reflection memo is exact only where a prompt's reflection is a function of the prompt.
+GREEDY_REFLECTIONS = Applies("greedy reflections, --top_k 1", lambda a: a.top_k == 1)
 ONLY_SFT = Applies("SFT, supervised_pretrain.py", _never, scripts=(RL_SCRIPT,))
 ONLY_EVALUATION = Applies("evaluation, python -m evaluation.evaluate", _never, scripts=(RL_SCRIPT, SFT_SCRIPT))
 ONLY_RL = Applies("RL, rl_finetune.py", _never, scripts=(SFT_SCRIPT, EVAL_SCRIPT))
@@ -371,6 +373,10 @@ class RLArguments(_Group):
         True, "Stop a generated reflection at its first newline and keep it on one line, as the SFT data is "
         "(--no_reflect_one_line: only EOS or the token cap stop it, its lines kept whole, as the paper's code).",
         REFLECTOR)
+    reflection_memo: bool = _arg(
+        True, "Remember each reflection by its prompt's token ids and answer the same prompt again from memory "
+        "(exact: the reflector is frozen and reflections are greedy; --no_reflection_memo: generate every one).",
+        (REFLECTOR, GREEDY_REFLECTIONS))
     temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
     top_p: float = _arg(1.0, "Nucleus sampling of the reflection: keep the smallest set of tokens of total "
                         "probability >= TOP_P (1: off, the paper's default).", REFLECTOR)

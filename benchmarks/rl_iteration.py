@@ -1,0 +1,110 @@
+"""Seconds per RL iteration with each rollout optimisation switched on in turn, side by side in one run.
+
+    python -m benchmarks.rl_iteration [--model_name tiny-gpt2 | --model_name <SmolLM2 .gguf>]
+        [--load_dir P --reflect_load_dir R] [--max_steps 6] [--out FILE.json]
+
+Every row plays the same RL iterations: Taxi pickup with reflection, ``--per_device_eval_batch_size``
+(16) episodes per iteration, greedy reflections (``--top_k 1``), and the PG learner's update after each
+iteration, from the same starting weights (loaded afresh for each row) and the same seeds. The first row
+has every optimisation off; each row after it adds one (:data:`ROWS`). Printed per row: seconds per
+iteration (the mean over the iterations after the first, which warms caches up), the speed-up over the
+first row, the reflection memo's hit rate, and whether the episodes are byte-identical to the first row's
+(they must be for an optimisation marked exact; bf16 is not, and its row says so). Without checkpoints the
+untrained players are used, whose reflections run to ``--reflect_max_new_tokens``.
+"""
+
+import dataclasses
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from envs import make_env
+from envs.taxi import taxi_curriculum
+from experiment_args import parse_args
+from rollout import TwoPlayerRollout
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    flags: tuple[str, ...]  # on top of the command line's
+    exact: bool  # must give the same episodes as the first row
+
+
+# Each row adds one optimisation to the row before it.
+ROWS = (
+    Row("everything off", ("--no_reflection_memo",), True),
+    Row("+ reflection memo", ("--reflection_memo",), True),
+    Row("+ bf16 (--cpu_bf16)", ("--reflection_memo", "--cpu_bf16"), False),
+)
+
+
+def play_iterations(argv: list[str]) -> dict:
+    """Play ``--max_steps`` RL iterations as ``rl_finetune`` does (rollout, then the learner's update);
+    returns the seconds of each, the episodes (as JSON) and the rollout's figures."""
+    from accelerate import Accelerator
+
+    import rl_finetune
+    from rl_algorithms import LEARNERS, LearnerSettings
+    from utils import seeding
+
+    args = parse_args(argv, prog="python -m benchmarks.rl_iteration")
+    seeding.set_seed(args.seed)
+    rollout = TwoPlayerRollout.load(args, args.load_dir, args.reflect_load_dir, reflect=True, trainable=True)
+    learner = LEARNERS[args.trainer](LearnerSettings.from_args(args), rollout.scorer,
+                                     Accelerator(cpu=not torch.cuda.is_available()))
+    play = functools.partial(rollout.run, [make_env("taxi", horizon=args.horizon or 10, labels=rollout.labels)
+                                           for _ in range(args.per_device_eval_batch_size)])
+    curriculum = taxi_curriculum(args.max_steps).only(0)  # pickup
+    rng = np.random.default_rng(args.seed)
+    seconds, episodes = [], []
+    for _ in range(args.max_steps):
+        tic = time.perf_counter()
+        batch = play(rl_finetune.episode_starts(curriculum, 0, args.per_device_eval_batch_size, rng), rng)
+        learner.update(batch, play, rng)
+        seconds.append(time.perf_counter() - tic)
+        episodes += [json.dumps(e.to_dict(), sort_keys=True) for e in batch]
+    return {"seconds": seconds, "episodes": episodes, "hit_rate": rollout.stats.reflection_hit_rate,
+            "decisions": rollout.stats.decisions}
+
+
+def main(argv: list[str]) -> int:
+    out = None
+    if "--out" in argv:
+        at = argv.index("--out")
+        if at + 1 >= len(argv):
+            print("python -m benchmarks.rl_iteration: error: --out needs a file name", file=sys.stderr)
+            return 2
+        out, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+    defaults = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=40",
+                "--per_device_eval_batch_size=16", "--max_steps=6", "--no_use_peft", "--learning_rate=1e-4",
+                "--baseline=mean"]
+    results, first = [], None
+    for row in ROWS:
+        played = play_iterations([*defaults, *argv, *row.flags])
+        first = first or played
+        steady = played["seconds"][1:] or played["seconds"]
+        results.append({"row": row.name, "exact": row.exact, "s_per_iteration": float(np.mean(steady)),
+                        "hit_rate": played["hit_rate"], "decisions": played["decisions"],
+                        "identical": played["episodes"] == first["episodes"]})
+    base = results[0]["s_per_iteration"]
+    print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
+          "iterations 2 and after\n")
+    print("| row | s / iteration | speed-up | reflection memo hits | episodes identical to row 1 |")
+    print("|---|---:|---:|---:|---|")
+    for r in results:
+        same = "yes" if r["identical"] else ("NO (an exact row must be)" if r["exact"] else "no (not exact)")
+        print(f"| {r['row']} | {r['s_per_iteration']:.2f} | {base / r['s_per_iteration']:.2f}x | "
+              f"{100 * r['hit_rate']:.0f}% | {same} |")
+    if out is not None:
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0 if all(r["identical"] for r in results if r["exact"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
