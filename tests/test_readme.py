@@ -42,6 +42,7 @@ OVERRIDES = {
     "benchmarks.enumeration": ["--runs=3"],
     "benchmarks.rollout_throughput": ["--reflect_max_new_tokens=4"],
     "benchmarks.rl_memory": ["--reflect_max_new_tokens=4"],
+    "benchmarks.rl_iteration": ["--max_steps=2", "--per_device_eval_batch_size=2", "--reflect_max_new_tokens=4"],
     "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
 }
 USES_API = ("evaluation.evaluate_gpt", "evaluation.auto_explore_gpt")
@@ -101,7 +102,8 @@ BENCHMARKS = [c for c in readme_commands((REPO / "README.md").read_text()) if _i
 
 def test_the_readme_names_its_benchmarks():
     assert {shlex.split(c)[2] for c in BENCHMARKS} >= {"benchmarks.enumeration", "benchmarks.rollout_throughput",
-                                                        "benchmarks.rl_memory", "benchmarks.env_speed",
+                                                        "benchmarks.rl_memory", "benchmarks.rl_iteration",
+                                                        "benchmarks.env_speed",
                                                         "benchmarks.llm_concurrency"}
 
 
