@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -130,6 +131,19 @@ def _output_to(path: Path):
         os.close(saved[1])
 
 
+def exit_with(parent: int, every: float = 1.0) -> None:
+    """End this stage process when the demo that started it, ``parent``, is gone (killed, say): a stage
+    process is not the demo's to clean up once the demo is dead, and without this it would train on, unseen,
+    for the rest of its budget, taking the cores from whatever runs next. Checked every ``every`` seconds."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-demo", daemon=True).start()
+
+
 def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, float]:
     """Run each stream (stages in order) in its own process, ``workers`` streams at a time."""
     for stage in (stage for stream in streams for stage in stream):
@@ -141,7 +155,8 @@ def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, floa
     else:
         threads = max(1, (os.cpu_count() or 1) // workers)
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=exit_with,
+                                 initargs=(os.getpid(),)) as pool:
             for done in [pool.submit(_run_stages, stream, threads) for stream in streams]:
                 seconds.update(done.result())
     for name, s in seconds.items():

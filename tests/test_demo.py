@@ -4,6 +4,11 @@ the same evaluation episodes)."""
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +168,40 @@ def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):
         alone = tmp_path / f"alone-{seed}"
         demo.call(data_gen.taxi.reflection.main, [*stage(seed).argv[:-2], f"--output_dir={alone}", f"--seed={seed}"])
         assert (alone / "data_reflection.json").read_bytes() == (tmp_path / f"data-{seed}" / "data_reflection.json").read_bytes()
+
+
+def test_a_killed_demo_takes_its_stage_processes_with_it(tmp_path):
+    """kill -9 of the demo (the parent of its stage pool) ends the stage processes within seconds, instead of
+    leaving them to train on, orphaned."""
+    pids = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import multiprocessing, os, time
+from concurrent.futures import ProcessPoolExecutor
+import demo
+with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"), initializer=demo.exit_with,
+                         initargs=(os.getpid(), 0.1)) as pool:
+    futures = [pool.submit(time.sleep, 120) for _ in range(2)]
+    time.sleep(1)
+    open({str(pids)!r}, "w").write(" ".join(map(str, pool._processes)))
+    time.sleep(120)
+"""], cwd=Path(demo.__file__).parent)
+    deadline = time.time() + 120
+    while not (pids.is_file() and pids.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.2)
+    children = [int(pid) for pid in pids.read_text().split()]
+    assert len(children) == 2 and all(_alive(pid) for pid in children)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in children) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in children)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped by init, counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
