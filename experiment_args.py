@@ -40,9 +40,10 @@ from utils.arg_groups import (
     cuda_available,
     need,
 )
-from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments, read_input
+from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
 from utils.checkpoints import SETTINGS_FILE, TRAINER_STATE_FILE
 from utils.errors import UsageError
+from utils.io import read_input
 from utils.parity import PRESETS
 
 logger = logging.getLogger(__name__)

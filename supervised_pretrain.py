@@ -30,8 +30,8 @@ from prompts import (
     write_label_file,
 )
 from utils import checkpoints, metrics, models, seeding
-from utils.arg_groups_io import read_input
 from utils.errors import UsageError
+from utils.io import read_input
 
 logger = logging.getLogger(__name__)
 SCRIPT = "supervised_pretrain"

@@ -22,9 +22,8 @@ from pathlib import Path
 
 from data_gen.common import print_counts
 from prompts import LABELS, policy_sft_text, reflection_sft_text, relabel, relabel_label, write_label_file
-from utils.arg_groups_io import read_input
 from utils.errors import UsageError
-from utils.io import write_jsonl
+from utils.io import read_input, write_jsonl
 
 SFT_FILES = ("sft.jsonl", "sft_reflection.jsonl", "sft_policy.jsonl")
 

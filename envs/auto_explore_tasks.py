@@ -14,8 +14,8 @@ import numpy as np
 
 from envs.curriculum import Curriculum, Level, proportional_steps
 from envs.sandbox import SandboxError, file_kind, is_safe_name, quote_path, resolve
-from utils.arg_groups_io import read_input
 from utils.errors import UsageError
+from utils.io import read_input
 from utils.paths import DATA_DIR, REPO_ROOT
 
 logger = logging.getLogger(__name__)

@@ -59,8 +59,8 @@ from envs import env_kwargs, env_spec, make_env
 from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 from utils import checkpoints, models
-from utils.arg_groups_io import read_input
 from utils.errors import UsageError
+from utils.io import read_input
 
 SCRIPT = "evaluate"
 PROG = "python -m evaluation.evaluate"

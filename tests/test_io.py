@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from utils.errors import UsageError
 from utils.io import read_json, write_json, write_jsonl, write_text_atomic
 
 
@@ -32,3 +33,11 @@ def test_bad_json_names_the_flag_and_file(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match=r"--data: .*bad.json is not valid JSON"):
         read_json(tmp_path / "bad.json", flag="--data")
+
+
+def test_a_folder_or_a_binary_file_is_named_as_such(tmp_path):
+    with pytest.raises(UsageError, match="is a folder; give a file"):
+        read_json(tmp_path, flag="--data")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UsageError, match="--data: .*binary.json is not UTF-8 text"):
+        read_json(tmp_path / "binary.json", flag="--data")

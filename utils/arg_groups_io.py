@@ -1,6 +1,6 @@
 """The flags' groups of data generation, the LLM backend, evaluation and logging (the others, and
 the helpers every group uses, are in ``utils/arg_groups.py``); ``experiment_args.ScriptArguments``
-composes them all. :func:`read_input` reads the files that flags name, with one-line errors."""
+composes them all."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,24 +22,7 @@ from utils.arg_groups import (
     need,
     output_folders,
 )
-from utils.errors import UsageError
 from utils.paths import RESULTS_DIR
-
-
-def read_input(path: str | Path, flag: str) -> str:
-    """The text of the input file ``path`` that ``flag`` names, or a :class:`UsageError` naming both: no such
-    file, a folder, unreadable, or not UTF-8 text (a binary file)."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{flag}: {path} is a folder; give a file")
-    if not path.is_file():
-        raise UsageError(f"{flag}: no such file {str(path)!r}")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise UsageError(f"{flag}: {path} is not UTF-8 text (byte {error.start}: a binary file?)") from None
-    except OSError as error:
-        raise UsageError(f"{flag}: cannot read {path} ({error.strerror or error})") from None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Files written so that an interrupted run never leaves half of one: the one atomic writer, JSON and JSONL.
+"""Files written so that an interrupted run never leaves half of one: the one atomic writer, JSON and JSONL;
+and the files that flags name, read with one-line errors (:func:`read_input`).
 
 A file is written to a temporary name beside it, flushed to disk and renamed over the old one, so a
 reader sees the old file or the new one, never a part (the same holds for a kill -9 at any moment).
@@ -10,6 +11,8 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from utils.errors import UsageError
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -34,12 +37,26 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
     return len(lines)
 
 
-def read_json(path: str | Path, flag: str = "--task_file") -> Any:
-    """A JSON file, or a ValueError naming ``flag`` and the file when it is missing or not JSON."""
+def read_input(path: str | Path, flag: str) -> str:
+    """The text of the input file ``path`` that ``flag`` names, or a :class:`UsageError` naming both: no such
+    file, a folder, unreadable, or not UTF-8 text (a binary file)."""
     path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag}: {path} is a folder; give a file")
     if not path.is_file():
-        raise ValueError(f"{flag}: no such file {str(path)!r}")
+        raise UsageError(f"{flag}: no such file {str(path)!r}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{flag}: {path} is not UTF-8 text (byte {error.start}: a binary file?)") from None
+    except OSError as error:
+        raise UsageError(f"{flag}: cannot read {path} ({error.strerror or error})") from None
+
+
+def read_json(path: str | Path, flag: str = "--task_file") -> Any:
+    """A JSON file, or a :class:`UsageError` naming ``flag`` and the file (:func:`read_input`; not JSON)."""
+    text = read_input(path, flag)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{flag}: {path} is not valid JSON ({error})") from None
+        raise UsageError(f"{flag}: {path} is not valid JSON ({error})") from None
