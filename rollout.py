@@ -179,9 +179,13 @@ def _device(model) -> torch.device:
 
 def encode_left(tokenizer, prompts: list[str], max_length: int, device) -> Encoded:
     """Left-padded batch, each prompt cut from the left at ``max_length``."""
+    return pad_left(tokenizer, *cut_left(tokenizer, prompts, max_length), device)
+
+
+def cut_left(tokenizer, prompts: list[str], max_length: int) -> tuple[list[list[int]], int]:
+    """Each prompt's token ids cut from the left at ``max_length``, and how many were cut."""
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    truncated = sum(len(x) > max_length for x in ids)
-    return pad_left(tokenizer, [x[-max_length:] for x in ids], truncated, device)
+    return [x[-max_length:] for x in ids], sum(len(x) > max_length for x in ids)
 
 
 def pad_left(tokenizer, ids: list[list[int]], truncated: int, device) -> Encoded:
@@ -300,11 +304,9 @@ class TwoPlayerRollout:
         (:class:`ReflectionMemo`) are not generated again."""
         if not prompts:
             return []
-        max_length = self.scorer.max_seq_length - self.max_new_tokens
-        whole = self.reflect_tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        self.stats.truncated += sum(len(x) > max_length for x in whole)
+        ids, truncated = cut_left(self.reflect_tokenizer, prompts, self.scorer.max_seq_length - self.max_new_tokens)
+        self.stats.truncated += truncated
         self.stats.reflections += len(prompts)
-        ids = [x[-max_length:] for x in whole]
         if self.memo is None:
             return self._generate(ids, seed)
         self.memo.check()
