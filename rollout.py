@@ -34,6 +34,7 @@ from transformers import GenerationConfig
 from envs.base import TextEnv
 from prompts import clean_reflection, label_alphabet, label_token_ids, policy_prompt, reflection_prompt
 from utils import checkpoints, models
+from utils.kv_cache import PrefixKV, WeightsWatch
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class LabelScores:
 
 @dataclass
 class Encoded:
-    """A left-padded batch of prompts (see :func:`encode_left`)."""
+    """A left-padded batch of prompts (see :func:`pad_left`)."""
 
     inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, position_ids
     truncated: int
@@ -158,10 +159,22 @@ class PolicyScorer:
         self.label_index = {label: i for i, label in enumerate(self.labels)}
         self.label_ids = torch.tensor(label_token_ids(tokenizer, self.labels))
 
-    def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False) -> LabelScores:
-        """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i."""
-        encoded = encode_left(self.tokenizer, prompts, self.max_seq_length, _device(self.policy))
-        out = self.policy(**encoded.inputs, logits_to_keep=1, output_hidden_states=with_hidden)
+    def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False,
+                 prefix: PrefixKV | None = None) -> LabelScores:
+        """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i; the prompts'
+        shared prefix read once through ``prefix`` where given (no gradient: the rollout's choices)."""
+        ids, truncated = cut_left(self.tokenizer, prompts, self.max_seq_length)
+        device = _device(self.policy)
+        prepared = prefix.prepare(ids, self.tokenizer.pad_token_id, device) if prefix is not None else None
+        if prepared is None:
+            encoded = pad_left(self.tokenizer, ids, truncated, device)
+            out = self.policy(**encoded.inputs, logits_to_keep=1, output_hidden_states=with_hidden)
+            tokens = encoded.tokens
+        else:
+            out = self.policy(input_ids=prepared.input_ids[:, prepared.prefix:], attention_mask=prepared.attention_mask,
+                              position_ids=prepared.position_ids, cache=prepared.cache, use_cache=True,
+                              logits_to_keep=1, output_hidden_states=with_hidden)
+            tokens = prepared.tokens
         logits = out.logits[:, -1, :].float()
         if models.label_head(self.policy) is None:
             logits = logits[:, self.label_ids.to(logits.device)]
@@ -170,16 +183,11 @@ class PolicyScorer:
             mask[row, indices] = True
         logp = torch.log_softmax((logits / self.temperature).masked_fill(~mask, float("-inf")), dim=-1)
         hidden = out.hidden_states[-1][:, -1, :].float() if with_hidden else None
-        return LabelScores(logp, hidden, encoded.truncated, encoded.tokens)
+        return LabelScores(logp, hidden, truncated, tokens)
 
 
 def _device(model) -> torch.device:
     return next(model.parameters()).device
-
-
-def encode_left(tokenizer, prompts: list[str], max_length: int, device) -> Encoded:
-    """Left-padded batch, each prompt cut from the left at ``max_length``."""
-    return pad_left(tokenizer, *cut_left(tokenizer, prompts, max_length), device)
 
 
 def cut_left(tokenizer, prompts: list[str], max_length: int) -> tuple[list[list[int]], int]:
@@ -216,26 +224,21 @@ class ReflectionMemo:
     """
 
     def __init__(self, reflector):
-        self.reflector = reflector
         self.texts: dict[tuple[int, ...], str] = {}
-        self._versions = self._weights_version()
-
-    def _weights_version(self) -> tuple[int, ...]:
-        return tuple(p._version for p in self.reflector.parameters())
+        self.watch = WeightsWatch(reflector)
 
     def check(self) -> None:
         """Forget everything if the reflector's weights changed since the memo was filled."""
-        versions = self._weights_version()
-        if versions != self._versions:
+        if self.watch.changed():
             self.texts.clear()
-            self._versions = versions
 
 
 class TwoPlayerRollout:
     def __init__(self, policy, tokenizer, *, reflector=None, reflect_tokenizer=None, reflect_prob: float = 1.0,
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
-                 mask_invalid: bool = True, reflection_memo: bool = True):
+                 mask_invalid: bool = True, reflection_memo: bool = True, prefix_cache: bool = True,
+                 static_cache: bool = False):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -253,6 +256,10 @@ class TwoPlayerRollout:
         # Only where a prompt's reflection is a function of the prompt: greedy decoding.
         deterministic = greedy or top_k == 1
         self.memo = ReflectionMemo(reflector) if reflection_memo and deterministic and reflector is not None else None
+        # The prompts' shared prefixes, read once per batch (utils/kv_cache.py)
+        self.policy_prefix = PrefixKV(policy) if prefix_cache else None
+        self.reflect_prefix = PrefixKV(reflector) if prefix_cache and reflector is not None else None
+        self.static_cache = static_cache
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -294,7 +301,8 @@ class TwoPlayerRollout:
                    reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
                    reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
-                   reflection_memo=args.reflection_memo)
+                   reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache,
+                   static_cache=args.static_cache)
 
     # --- the two players ----------------------------------------------------------------
 
@@ -319,21 +327,31 @@ class TwoPlayerRollout:
 
     def _generate(self, ids: list[list[int]], seed: int) -> list[str]:
         """One batched, seeded ``generate`` after each prompt's token ids (cut to length already)."""
-        encoded = pad_left(self.reflect_tokenizer, ids, 0, _device(self.reflector))
-        batch = encoded.inputs
+        pad_id = self.reflect_tokenizer.pad_token_id
         config = GenerationConfig(
             do_sample=not self.greedy, temperature=self.temperature if not self.greedy else None,
             top_k=self.top_k if not self.greedy else None, top_p=self.top_p if not self.greedy else None,
-            max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids,
-            pad_token_id=self.reflect_tokenizer.pad_token_id)
-        devices = [batch["input_ids"].device] if batch["input_ids"].is_cuda else []
+            max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids, pad_token_id=pad_id)
+        device = _device(self.reflector)
+        static_len = max(map(len, ids)) + self.max_new_tokens if self.static_cache else None
+        prepared = self.reflect_prefix.prepare(ids, pad_id, device, static_len=static_len) if self.reflect_prefix else None
+        if prepared is None:
+            encoded = pad_left(self.reflect_tokenizer, ids, 0, device)
+            batch, tokens = dict(encoded.inputs), encoded.tokens
+            del batch["position_ids"]  # generate counts them from the mask
+            if self.static_cache:
+                config.cache_implementation = "static"
+        else:
+            batch = {"input_ids": prepared.input_ids, "attention_mask": prepared.attention_mask,
+                     "cache": prepared.cache}
+            tokens = prepared.tokens
+        devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             with models.full_head(self.reflector):
-                out = self.reflector.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                              generation_config=config)
+                out = self.reflector.generate(**batch, generation_config=config)
         new = out[:, batch["input_ids"].shape[1]:]
-        self.stats.reflection_prompt_tokens += encoded.tokens
+        self.stats.reflection_prompt_tokens += tokens
         self.stats.reflection_new_tokens += int((new != self.reflect_tokenizer.pad_token_id).sum())
         texts = self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)
         return [clean_reflection(text, self.one_line) for text in texts]
@@ -343,7 +361,7 @@ class TwoPlayerRollout:
         """One sampled (or greedy) label per prompt, from one batched forward pass."""
         if not prompts:
             return []
-        scores = self.scorer.logprobs(prompts, valid)
+        scores = self.scorer.logprobs(prompts, valid, prefix=self.policy_prefix)
         self.stats.truncated += scores.truncated
         self.stats.policy_tokens += scores.tokens
         self.stats.decisions += len(prompts)

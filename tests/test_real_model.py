@@ -121,3 +121,41 @@ def test_rl_with_reflection_resume_and_evaluation(chain):
     summary = result.results[0]["levels"]["all"]
     assert summary["episodes"] == 2 and 0.0 <= summary["success"] <= 1.0
     assert (Path(result.run_dir) / "results.md").is_file()
+
+
+def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
+    """The reflection memo and the static cache give the same episodes byte for byte on SmolLM2; the shared-
+    prefix cache the same actions and reflections, log-probs equal to rounding (see tests/test_rollout.py)."""
+    import numpy as np
+
+    from envs import make_env
+    from experiment_args import ScriptArguments
+    from rollout import EpisodeStart, TwoPlayerRollout
+
+    settings = ScriptArguments(**SMALL)
+    policy, tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["policy"]), shrink_head=True)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["reflector"]))
+    policy.eval()
+
+    def play(**switches):
+        rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
+                                   reflect_max_new_tokens=8, top_k=1, max_seq_length=512, **switches)
+        envs = [make_env("taxi", horizon=3, labels=rollout.labels) for _ in range(4)]
+        rng, episodes = np.random.default_rng(0), []
+        for _ in range(2):  # the second round starts as the first: the memo answers its prompts
+            starts = [EpisodeStart(seed=i % 2, options={"curriculum": "pickup"}) for i in range(4)]
+            episodes += [e.to_dict() for e in rollout.run(envs, starts, rng)]
+        return rollout, json.loads(json.dumps(episodes))
+
+    off = dict(reflection_memo=False, prefix_cache=False, static_cache=False)
+    _, reference = play(**off)
+    memo, remembered = play(**{**off, "reflection_memo": True})
+    assert remembered == reference and memo.stats.reflection_hits > 0
+    assert play(**{**off, "static_cache": True})[1] == reference
+    shared, prefixed = play(**{**off, "prefix_cache": True})
+    assert shared.reflect_prefix.saved_tokens > 0 and shared.policy_prefix.saved_tokens > 0
+    for ours, theirs in zip(prefixed, reference, strict=True):
+        assert [(d["action"], d["reflection"]) for d in ours["decisions"]] == \
+               [(d["action"], d["reflection"]) for d in theirs["decisions"]]
+        assert np.allclose([d["logprob"] for d in ours["decisions"]],
+                           [d["logprob"] for d in theirs["decisions"]], atol=1e-4)

@@ -1,5 +1,5 @@
 """The two-player rollout with tiny-gpt2 on Taxi: valid episodes, exact log-probs, batching, replay, the
-reflection memo."""
+reflection memo, the key/value caches."""
 
 import dataclasses
 import json
@@ -12,6 +12,7 @@ from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt, reflection_prompt
 from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 from utils import models
+from utils.kv_cache import PrefixKV, shared_length
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,82 @@ def test_a_change_of_the_reflector_weights_empties_the_memo(players):
         next(reflector.parameters()).add_(1.0)  # an in-place change, as an optimiser step makes
     rollout.reflect(prompt, 2)
     assert rollout.stats.reflection_hits == 1  # generated again, not answered from the old weights' memo
+
+
+# --- the key/value caches (--prefix_cache, --static_cache; utils/kv_cache.py): the same choices and
+# reflections as without them, the static cache byte for byte; each off by its flag
+
+def test_shared_length_leaves_each_row_a_token_of_its_own():
+    assert shared_length([[1, 2, 3], [1, 2, 4, 5]]) == 2
+    assert shared_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_length([[1, 2, 3, 4]]) == 3
+    assert shared_length([[1, 2], [3, 4]]) == 0
+    assert shared_length([[5], [5]]) == 0
+    assert shared_length([]) == 0
+
+
+def _prefixed_prompts(tokenizer, count=5):
+    head = "You drive a taxi in a small town. Find the passenger, pick them up and drive on. " * 2
+    prompts = [head + " ".join(["north"] * (i + 1)) + ANALYZE_MARKER for i in range(count)]
+    return prompts, len(tokenizer(head, add_special_tokens=False)["input_ids"])
+
+
+def test_a_shared_prefix_scores_as_the_whole_prompts():
+    from experiment_args import ScriptArguments
+
+    torch.manual_seed(0)
+    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), shrink_head=True)
+    policy.eval()
+    scorer = PolicyScorer(policy, tokenizer, 1024, 1.0)
+    prompts, head = _prefixed_prompts(tokenizer)
+    valid = [[0, 1, 2, 3]] * len(prompts)
+    with torch.no_grad():
+        whole = scorer.logprobs(prompts, valid, with_hidden=True)
+        prefix = PrefixKV(policy)
+        shared = scorer.logprobs(prompts, valid, with_hidden=True, prefix=prefix)
+        assert torch.allclose(whole.logprobs, shared.logprobs, atol=1e-5)
+        assert torch.allclose(whole.hidden, shared.hidden, atol=1e-4)
+        assert shared.tokens == whole.tokens  # counted as read, though the prefix was read once
+        assert head <= prefix.saved_tokens // (len(prompts) - 1) <= head + 1 and len(prefix.kept) == 1
+        kept = prefix.kept[next(iter(prefix.kept))]
+        scorer.logprobs(prompts, valid, prefix=prefix)
+        assert prefix.kept[next(iter(prefix.kept))] is kept  # the same prefix is not read again
+        next(p for n, p in policy.named_parameters() if "lora_B" in n).add_(0.5)  # an optimiser step
+        moved = scorer.logprobs(prompts, valid, prefix=prefix)
+    assert prefix.kept[next(iter(prefix.kept))] is not kept  # read again under the new weights
+    assert not torch.allclose(moved.logprobs, whole.logprobs, atol=1e-5)
+
+
+def test_rows_without_a_long_enough_prefix_are_read_whole(players):
+    policy, tokenizer, *_ = players
+    prefix = PrefixKV(policy)
+    ids = [[1, 2, 3, 4], [1, 2, 9, 9, 9]]
+    assert prefix.prepare(ids, tokenizer.pad_token_id, torch.device("cpu")) is None and prefix.saved_tokens == 0
+
+
+def _episodes(played):
+    return [json.loads(e)["decisions"] for e in played]
+
+
+@pytest.mark.parametrize("top_k", [1, 0])  # greedy and sampled reflections
+def test_the_caches_keep_the_episodes(players, top_k):
+    off = dict(top_k=top_k, reflection_memo=False, prefix_cache=False, static_cache=False)
+    plain, reference = _play_memo(players, **off)
+    static, with_static = _play_memo(players, **{**off, "static_cache": True})
+    assert with_static == reference  # byte for byte
+    shared, with_prefix = _play_memo(players, **{**off, "prefix_cache": True})
+    assert shared.reflect_prefix.saved_tokens > 0 and plain.reflect_prefix is None and plain.policy_prefix is None
+    for ours, theirs in zip(_episodes(with_prefix), _episodes(reference), strict=True):
+        assert [(d["action"], d["reflection"]) for d in ours] == [(d["action"], d["reflection"]) for d in theirs]
+        assert np.allclose([d["logprob"] for d in ours], [d["logprob"] for d in theirs], atol=1e-5)
+
+
+def test_the_cache_flags_reach_the_rollout(players):
+    from experiment_args import parse_args
+
+    policy, tokenizer, reflector, reflect_tokenizer = players
+    for flags, on in ((["--static_cache"], True), (["--no_prefix_cache"], False)):
+        args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", *flags])
+        rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
+        assert (rollout.policy_prefix is not None) is on and (rollout.reflect_prefix is not None) is on
+        assert rollout.static_cache is on

@@ -377,6 +377,14 @@ class RLArguments(_Group):
         True, "Remember each reflection by its prompt's token ids and answer the same prompt again from memory "
         "(exact: the reflector is frozen and reflections are greedy; --no_reflection_memo: generate every one).",
         (REFLECTOR, GREEDY_REFLECTIONS))
+    prefix_cache: bool = _arg(
+        True, "Read the prompt prefix a batch's rows share (the reflector's instruction, an ALFWorld room) once, and "
+        "give every row its keys and values; kept while the weights stay the same (same choices, log-probs equal "
+        "to rounding; --no_prefix_cache: every row reads its whole prompt).")
+    static_cache: bool = _arg(
+        False, "Generate reflections into a key/value cache allocated once for the longest sequence, not grown "
+        "at every token (the same reflections). Off: on a CPU it did not pay (benchmarks/rl_iteration.py).",
+        REFLECTOR)
     temperature: float = _arg(1.0, "Sampling temperature of policy and reflection.")
     top_p: float = _arg(1.0, "Nucleus sampling of the reflection: keep the smallest set of tokens of total "
                         "probability >= TOP_P (1: off, the paper's default).", REFLECTOR)
