@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--ckpt_path", default=str(RESULTS_DIR), help="results go to CKPT_PATH/demo/")
     cli.add_argument("--workers", type=int, default=WORKERS,
                      help="independent stages run in this many processes at once (1: all in this one)")
+    cli.add_argument("--model_name", default=None,
+                     help="a pretrained base model (hub id, folder or .gguf file) instead of tiny-gpt2: the column's "
+                          "recipe for a pretrained model (LoRA, the paper's data recipe), results in <task>-<model>/")
     options = cli.parse_args(list(argv or []))
     seeds = options.seeds if options.seeds is not None else [options.seed]
     if len(set(seeds)) != len(seeds):
@@ -181,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(f"--workers: at least 1, got {options.workers}")
     top = Path(options.ckpt_path) / "demo"
     recipes = list(RECIPES.values()) if options.task == ALL else [RECIPES[options.task]]
+    if options.model_name is not None:
+        lacking = [recipe.name for recipe in recipes if recipe.pretrained is None]
+        if lacking:
+            cli.error(f"--model_name: no recipe for a pretrained model in {', '.join(lacking)} yet "
+                      f"(those that have one: {', '.join(r.name for r in RECIPES.values() if r.pretrained)})")
+        recipes = [recipe.pretrained(options.model_name) for recipe in recipes]
     done = []
     for recipe in recipes:
         root = top if recipe.name == DEFAULT else top / recipe.name
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"results over seeds {seeds} ({root / 'results.md'}):\n\n{report}")
         done.append((recipe, runs))
     if options.task == ALL:
-        table = beside_the_paper(done)
+        table = beside_the_paper(done, model=done[0][0].model_label)
         write_text_atomic(top / "paper_table.md", table)
         say(f"the paper's table beside ours ({top / 'paper_table.md'}):\n\n{table}")
     return 0
@@ -305,13 +314,13 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",
-                       title=f"{recipe.title}, tiny-gpt2 (offline demo, seed {seed})")
+                       title=f"{recipe.title}, {recipe.model_label} (offline demo, seed {seed})")
     for figure in recipe.figures:
         shift = dict(figure.shift)
         plot.plot_panel([(name, rl[name], shift.get(name, 0)) for name in figure.variants], folder / figure.file,
                         xlabel=figure.xlabel, title=f"{figure.title} (seed {seed})")
     total = time.time() - started
-    report = (f"# Reflect-RL demo: {recipe.title}, tiny-gpt2, offline, training seed {seed}\n\n"
+    report = (f"# Reflect-RL demo: {recipe.title}, {recipe.model_label}, offline, training seed {seed}\n\n"
               f"{paper_table(recipe, results)}\n{episodes_note(recipe, results)} per row (the same for every row and seed); "
               f"actions sampled at temperature 1, reflections greedy.\n\n"
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
@@ -418,7 +427,7 @@ def paper_table(recipe: Recipe, results: list[dict]) -> str:
 def seeds_report(recipe: Recipe, runs: dict[int, dict]) -> str:
     """Each row's success per seed, its mean and range (per column), then every seed's own table."""
     seeds = list(runs)
-    lines = [f"# Reflect-RL demo over training seeds {', '.join(map(str, seeds))}: {recipe.title}, tiny-gpt2", ""]
+    lines = [f"# Reflect-RL demo over training seeds {', '.join(map(str, seeds))}: {recipe.title}, {recipe.model_label}", ""]
     for level, title in columns(recipe):
         success = {row.name: [] for row in recipe.rows}
         for run in runs.values():

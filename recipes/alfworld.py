@@ -63,7 +63,7 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
         (data_gen.alfworld.reflection.main, [*recipe.task, "--api=oracle", "--alfworld_split=train",
                                              f"--num_episodes={recipe.extra['data_episodes']}",
                                              f"--output_dir={out}", f"--seed={seed}"]),
-        (data_gen.alfworld.gen_sft.main, ["--env=alfworld", "--model_name=tiny-gpt2",
+        (data_gen.alfworld.gen_sft.main, ["--env=alfworld", f"--model_name={recipe.model_name}",
                                           f"--task_file={out / 'data_reflection.json'}"]),
     ]
 

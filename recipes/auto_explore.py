@@ -86,7 +86,7 @@ BUDGET = {
 def data(recipe: Recipe, seed: int, out: Path) -> list:
     """Repositories, tasks, trajectories with negatives, the split (one repository held out), SFT files."""
     repos, filtered, tasks, chosen = out / "repos", out / "repos_filtered", out / "tasks", out / "tasks_filtered"
-    writer = ["--env=auto_explore", "--model_name=tiny-gpt2", "--api=oracle"]
+    writer = ["--env=auto_explore", f"--model_name={recipe.model_name}", "--api=oracle"]
     benchmark, oracle = [*writer, f"--seed={TASK_SEED}"], [*writer, f"--seed={seed}"]
     return [
         (collect_repos.main, [*benchmark, f"--output_dir={repos}"]),

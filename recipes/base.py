@@ -97,6 +97,9 @@ class Recipe:
     extra: dict[str, Any] = field(default_factory=dict)  # the recipe's own numbers (its data budget, ...)
     rl_flags: Callable[["Recipe", Path], list[str]] = _no_flags  # RL's flags given the data folder (task files)
     figures: tuple[CurveFigure, ...] = ()  # validation curves beside rl_curves.png
+    # The same column on a pretrained model (``demo.py --model_name``): the recipe for it, given the model's
+    # name (None: the column has no recipe for a pretrained model yet).
+    pretrained: Callable[[str], "Recipe"] | None = None
 
     def __post_init__(self) -> None:
         missing = set(RUNNER_BUDGET) - set(self.budget)
@@ -122,6 +125,16 @@ class Recipe:
             known = self.sft if kind == "sft" else self.rl if kind == "rl" else {}
             if source not in known or (row.reflector is not None and row.reflector not in self.sft):
                 raise ValueError(f"recipe {self.name}: row {row.name!r} names an unknown model")
+
+    @property
+    def model_name(self) -> str:
+        """The base model of every stage (its ``--model_name``)."""
+        return next(flag.split("=", 1)[1] for flag in self.model if flag.startswith("--model_name="))
+
+    @property
+    def model_label(self) -> str:
+        """The base model as the reports name it: ``tiny-gpt2``, a hub id, or a file's or folder's name."""
+        return Path(self.model_name).name
 
     def settings(self) -> dict:
         """Every setting of a seed's pipeline: a finished seed is reused only under the same."""

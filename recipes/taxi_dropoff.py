@@ -61,7 +61,7 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
                f"--output_dir={out / level}", f"--seed={seed}"]) for level in levels]
     joined = out / "data_reflection.json"
     return [*steps, (join_records([out / level / "data_reflection.json" for level in levels], joined), []),
-            (data_gen.taxi.gen_sft.main, ["--env=taxi", "--model_name=tiny-gpt2", f"--task_file={joined}"])]
+            (data_gen.taxi.gen_sft.main, ["--env=taxi", f"--model_name={recipe.model_name}", f"--task_file={joined}"])]
 
 
 def join_records(sources: list[Path], target: Path):

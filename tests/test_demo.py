@@ -205,3 +205,24 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys):
+    pretrained = TAXI.pretrained("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert pretrained.model_name == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert pretrained.model_label == "SmolLM2-135M-Instruct.Q4_1.gguf" and TAXI.model_label == "tiny-gpt2"
+    assert pretrained.name != TAXI.name  # its own results folder
+    # the paper's recipe: LoRA r 64 / alpha 16, "oracle + random 0.9", lr 2e-4; the same task and held-out episodes
+    assert {"--use_peft", "--lora_r=64", "--lora_alpha=16"} <= set(pretrained.model)
+    assert pretrained.extra["data_random_prob"] == 0.9 and pretrained.budget["rl_learning_rate"] == 2e-4
+    assert {spec.learning_rate for spec in pretrained.sft.values()} == {2e-4}
+    assert pretrained.task == TAXI.task and pretrained.evaluations == TAXI.evaluations
+    # its data steps label the SFT texts with the model's own alphabet
+    steps = pretrained.data(pretrained, 0, Path("/tmp/x"))
+    assert any(f"--model_name={pretrained.model_name}" in argv for _, argv in steps)
+    # a column without a recipe for a pretrained model says so in one line
+    with pytest.raises(SystemExit) as stop:
+        demo.main(["--task", "alfworld", "--model_name", "/models/m.gguf"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--model_name" in error and "alfworld" in error and "taxi_pickup" in error

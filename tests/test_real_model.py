@@ -159,3 +159,35 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
                [(d["action"], d["reflection"]) for d in theirs["decisions"]]
         assert np.allclose([d["logprob"] for d in ours["decisions"]],
                            [d["logprob"] for d in theirs["decisions"]], atol=1e-4)
+
+
+def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch):
+    """``demo.py --model_name <gguf>``: the Taxi pickup column's recipe for a pretrained model, every stage at
+    a tiny budget, LoRA adapters, the model named in the report."""
+    import dataclasses
+
+    import demo
+    from recipes import taxi_pickup
+
+    real = taxi_pickup.on_pretrained
+
+    def tiny(model_name):
+        recipe = real(model_name)
+        return dataclasses.replace(
+            recipe, sft={role: dataclasses.replace(spec, steps=1) for role, spec in recipe.sft.items()},
+            rl={name: dataclasses.replace(variant, iterations=1) for name, variant in recipe.rl.items()},
+            sft_flags=("--per_device_train_batch_size=2", "--logging_steps=1", "--max_seq_length=512"),
+            extra=dict(recipe.extra, data_episodes=6),
+            budget=dict(recipe.budget, rl_batch=2, rl_replay=0, rl_train_batch=4, eval_episodes=2, eval_batch=2,
+                        panel_every=1, panel_episodes=2, accuracy_episodes=1))
+
+    monkeypatch.setattr(taxi_pickup, "on_pretrained", tiny)
+    assert demo.main(["--model_name", MODEL, f"--ckpt_path={tmp_path}", "--workers", "1"]) == 0
+    root = tmp_path / "demo" / f"taxi_pickup-{Path(MODEL).name}"
+    report = (root / "seed-0" / "results.md").read_text()
+    assert f"{Path(MODEL).name}, offline" in report and "tiny-gpt2" not in report
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "% ± " in line]
+    assert [row.split(" | ")[0][2:] for row in rows] == [row.name for row in taxi_pickup.ROWS]
+    adapters = list((root / "seed-0" / "runs").rglob("adapter_config.json"))
+    assert len(adapters) >= 6  # three SFT and three RL checkpoints, each a LoRA adapter
+    assert all(json.loads(a.read_text())["r"] == 64 for a in adapters)
