@@ -65,7 +65,7 @@ def main(args) -> int:
         level = curriculum.level_at(iteration)
 
         # --- rollout
-        episodes = play(episode_starts(curriculum, level, args.per_device_eval_batch_size, rng), rng)
+        episodes = play(episode_starts(curriculum, level, args.per_device_eval_batch_size, rng, args.group_size), rng)
 
         # --- update: returns, loss and optimiser steps belong to the learner
         result = learner.update(episodes, play, rng)
@@ -96,12 +96,17 @@ def main(args) -> int:
 
 # --- setup ----------------------------------------------------------------------------------------
 
-def episode_starts(curriculum: Curriculum, level_index: int, count: int, rng) -> list[EpisodeStart]:
+def episode_starts(curriculum: Curriculum, level_index: int, count: int, rng,
+                   group_size: int = 1) -> list[EpisodeStart]:
+    """``count`` episode starts on the level: ``count / group_size`` random ones, each ``group_size`` times in a
+    row with one ``group`` number (``--group_size``; 1: every start once, no groups)."""
     level = curriculum.levels[level_index]
     starts = []
-    for _ in range(count):
+    for group in range(count // group_size):
         options = level.options[int(rng.integers(len(level.options)))]
-        starts.append(EpisodeStart(seed=int(rng.integers(2**31 - 1)), options=options, level=level.name))
+        seed = int(rng.integers(2**31 - 1))
+        starts += [EpisodeStart(seed=seed, options=options, level=level.name,
+                                group=group if group_size > 1 else None) for _ in range(group_size)]
     return starts
 
 
@@ -152,9 +157,9 @@ def episode_log(episode: Episode, iteration: int) -> dict:
     """A compact record of an episode for the checkpoint's episodes.jsonl."""
     return {
         "iteration": iteration, "seed": episode.seed, "level": episode.level, "success": episode.success,
-        "cost": episode.cost,
+        "cost": episode.cost, "group": episode.group,
         "steps": [{"label": d.action, "reward": d.reward, "logprob": d.logprob, "reflection": d.reflection,
-                   "oracle": d.oracle} for d in episode.decisions],
+                   "oracle": d.oracle, "state": d.state} for d in episode.decisions],
     }
 
 

@@ -22,6 +22,7 @@ the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class Decision:
     reflection: str | None = None
     reward: float = 0.0
     oracle: int | None = None
+    state: str | None = None  # a digest of the environment's state key (``info["state_key"]``): equal states, equal keys
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Episode:
     decisions: list[Decision] = field(default_factory=list)
     success: bool = False
     cost: float = 0.0
+    group: int | None = None  # episodes of one batch with the same group played the same start (--group_size)
 
     def costs(self) -> list[float]:
         return [-d.reward for d in self.decisions]
@@ -90,6 +93,7 @@ class EpisodeStart:
     options: dict
     level: str = ""
     replay: list[Decision] = field(default_factory=list)
+    group: int | None = None  # the batch's starts played more than once share one (``--group_size``)
 
     @property
     def branch_step(self) -> int | None:
@@ -426,6 +430,12 @@ class TwoPlayerRollout:
             slot.reflection = text
 
 
+def state_digest(info: dict) -> str | None:
+    """A short digest of the environment's state key (``info["state_key"]``), None where it gives none."""
+    key = info.get("state_key")
+    return None if key is None else hashlib.blake2b(key.encode("utf-8"), digest_size=8).hexdigest()
+
+
 def _pool(envs: list[TextEnv]):
     """Threads to wait on several environments at once, where their games run in other processes (an
     ALFWorld reset or step is spent in its worker); none otherwise."""
@@ -455,7 +465,8 @@ class Slot:
     @classmethod
     def begin(cls, env: TextEnv, start: EpisodeStart) -> "Slot":
         obs, info = env.reset(seed=start.seed, options=start.options)
-        return cls(env, start, Episode(seed=start.seed, options=start.options, level=start.level), obs, info)
+        episode = Episode(seed=start.seed, options=start.options, level=start.level, group=start.group)
+        return cls(env, start, episode, obs, info)
 
     @property
     def step(self) -> int:
@@ -480,8 +491,8 @@ class Slot:
         oracle = self.info.get("oracle_label")
         self.episode.decisions.append(Decision(
             obs=self.obs, prompt=prompt, valid=valid, action=choice.action, logprob=choice.logprob,
-            entropy=choice.entropy,
-            reflection=self.reflection, oracle=None if oracle is None else self.env.label_set.index(oracle)))
+            entropy=choice.entropy, reflection=self.reflection,
+            oracle=None if oracle is None else self.env.label_set.index(oracle), state=state_digest(self.info)))
 
     def play(self) -> None:
         """Play this step's decision: the recorded one while in a branch's replayed prefix."""

@@ -174,6 +174,12 @@ class ALFWorldEnv(TextEnv):
     def _action_texts(self) -> list[str]:
         return list(self._game.get("admissible_commands", []))
 
+    def _state_key(self) -> str:
+        """The game, the last observation and the admissible commands (which say where the agent is and what it
+        holds: "put X in/on Y" only while holding X); the history in the text is left out."""
+        last = self._history[-1][1] if self._history else self._intro
+        return "\n".join([str(self.problem), last, *self._game.get("admissible_commands", [])])
+
     def _act(self, index: int) -> Outcome:
         command = self._actions[index]
         try:

@@ -191,6 +191,10 @@ class AutoExploreEnv(TextEnv):
         )
         return "".join(f"{header}\n{body}\n" for header, body in sections)
 
+    def _state_key(self) -> str:
+        """The task, the working directory and the files read so far (the command history is left out)."""
+        return "\n".join([self._question, self.cwd, *sorted(self._read)])
+
     def _action_texts(self) -> list[str]:
         dirs, files = self._sandbox.entries()
         actions = ["cd .."] if self.cwd else []

@@ -7,7 +7,8 @@ label. Subclasses implement :meth:`TextEnv._reset` and :meth:`TextEnv._act`; thi
 class does the labelling, rendering, the ``info`` dict and the invalid-label rule.
 
 ``info`` always holds ``labels`` (valid labels, in display order), ``actions`` (their
-command texts, aligned) and ``oracle_label`` (an optimal next label, or None); at the
+command texts, aligned), ``oracle_label`` (an optimal next label, or None) and ``state_key`` (what
+identifies the state whatever path led to it, :meth:`TextEnv._state_key`); at the
 end of an episode also ``success`` and ``cost`` (the episode's total cost = -return).
 A label outside the current list (an unusable answer) is a wasted step: the state stays
 unchanged, the reward is what a step that achieves nothing earns (:meth:`TextEnv._wasted_step_reward`:
@@ -280,7 +281,14 @@ class TextEnv(gymnasium.Env):
             "labels": list(self._labels),
             "actions": list(self._actions),
             "oracle_label": None if index is None else self._labels[index],
+            "state_key": self._state_key(),
         }
+
+    def _state_key(self) -> str:
+        """What identifies the current state whatever path led to it (``info["state_key"]``): equal keys, the
+        same situation. GiGPO groups the steps of a start's episodes by it (``rl_algorithms/gigpo.py``). The
+        default is the state text; an environment whose text carries the history overrides it."""
+        return self._state_text()
 
     @property
     def labels(self) -> list[str]:

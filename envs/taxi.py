@@ -195,6 +195,12 @@ class DangerousTaxiEnv(TextEnv):
     def _action_texts(self) -> list[str]:
         return list(ACTION_NAMES)
 
+    def _state_key(self) -> str:
+        """The decoded state (taxi, passenger, destination) and what the episode still pays for: the stage and
+        whether the pickup bonus was paid. The history in the text is left out."""
+        row, col, passenger, destination = self._taxi.decode(self.state)
+        return f"{self._stage}: taxi {row},{col} passenger {passenger} destination {destination} bonus {self._bonus_paid}"
+
     def _oracle_index(self) -> int | None:
         plan = shortest_plan(self._taxi, self.state, self._goal())
         return plan[0] if plan else None

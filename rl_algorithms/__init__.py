@@ -7,17 +7,23 @@
 """
 
 from rl_algorithms.base import Learner, LearnerSettings, Play, UpdateResult, flat_decisions
+from rl_algorithms.gigpo import GiGPO
+from rl_algorithms.grpo import GRPO
 from rl_algorithms.losses import ValueHead, cost_to_go, pg_loss, ppo_loss, refuel_loss, value_loss
 from rl_algorithms.pg import PolicyGradient, ReplayBuffer
 from rl_algorithms.ppo import PPO
 from rl_algorithms.refuel import Refuel, refuel_pairs
+from rl_algorithms.rloo import RLOO
 
 LEARNERS: dict[str, type[Learner]] = {
     "pg": PolicyGradient,  # REINFORCE with replay (the paper)
     "ppo": PPO,
     "refuel": Refuel,
+    "rloo": RLOO,  # the group learners: --group_size 2 or more
+    "grpo": GRPO,
+    "gigpo": GiGPO,
 }
 
-__all__ = ["LEARNERS", "PPO", "Learner", "LearnerSettings", "Play", "PolicyGradient", "Refuel", "ReplayBuffer", "UpdateResult",
-           "ValueHead", "cost_to_go", "flat_decisions", "pg_loss", "ppo_loss", "refuel_loss", "refuel_pairs",
-           "value_loss"]
+__all__ = ["GRPO", "LEARNERS", "PPO", "RLOO", "GiGPO", "Learner", "LearnerSettings", "Play", "PolicyGradient", "Refuel",
+           "ReplayBuffer", "UpdateResult", "ValueHead", "cost_to_go", "flat_decisions", "pg_loss", "ppo_loss",
+           "refuel_loss", "refuel_pairs", "value_loss"]

@@ -81,6 +81,10 @@ class LearnerSettings:
     ppo_clip: float
     ppo_epochs: int
     refuel_eta: float
+    grpo_variant: str
+    kl_coef: float
+    gigpo_weight: float
+    gigpo_gamma: float
 
     @classmethod
     def from_args(cls, args) -> "LearnerSettings":

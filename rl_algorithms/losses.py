@@ -29,13 +29,41 @@ def pg_loss(logprobs: torch.Tensor, costs_to_go: torch.Tensor, baseline: torch.T
     return (logprobs * (costs_to_go - baseline)).sum() / normaliser
 
 
+def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                      clip: float) -> torch.Tensor:
+    """PPO's clipped surrogate per decision: min(r A, clip(r, 1 - clip, 1 + clip) A), r = pi / pi_behaviour
+    (to be maximised)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    return torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+
+
 def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, costs_to_go: torch.Tensor,
              baseline: torch.Tensor | float, clip: float, num_episodes: int) -> torch.Tensor:
     """Clipped surrogate with advantage -(Q_t - b) and ratio pi / pi_behaviour."""
-    advantage = -(costs_to_go - baseline)
-    ratio = torch.exp(logprobs - old_logprobs)
-    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
-    return -surrogate.sum() / num_episodes
+    return -clipped_surrogate(logprobs, old_logprobs, -(costs_to_go - baseline), clip).sum() / num_episodes
+
+
+def ratio_figures(log_ratio: torch.Tensor, clip: float) -> dict[str, float]:
+    """How far a clipped-ratio learner moved from the behaviour policy, given log(pi / pi_behaviour) per decision:
+    the largest ratio, the low-variance estimate of KL(behaviour || current), E[(r - 1) - log r], and the
+    fraction of ratios outside the clip range."""
+    if not len(log_ratio):
+        return {"ppo_ratio_max": 1.0, "approx_kl": 0.0, "clip_fraction": 0.0}
+    ratio = log_ratio.exp()
+    return {"ppo_ratio_max": float(ratio.max()), "approx_kl": float(((ratio - 1) - log_ratio).mean()),
+            "clip_fraction": float(((ratio - 1).abs() > clip).float().mean())}
+
+
+def advantage_loss(logprobs: torch.Tensor, advantages: torch.Tensor, normaliser: int) -> torch.Tensor:
+    """REINFORCE with given advantages (higher: better): -sum_t A_t log pi(a_t|s_t) / ``normaliser``."""
+    return -(logprobs * advantages).sum() / normaliser
+
+
+def kl_k3(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per decision, the unbiased, non-negative estimator of KL(pi || pi_ref) that GRPO uses (Schulman's k3):
+    pi_ref/pi - log(pi_ref/pi) - 1, at the action taken."""
+    log_ratio = reference_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1
 
 
 def refuel_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, branch_logprobs: torch.Tensor,

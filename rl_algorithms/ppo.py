@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.losses import ppo_loss
+from rl_algorithms.losses import ppo_loss, ratio_figures
 from rollout import Episode
 
 
@@ -35,13 +35,5 @@ class PPO(Learner):
             ok, grad_norm = self.step(total)
             applied = applied and ok
         log_ratio = torch.cat(log_ratios) if log_ratios else torch.zeros(0)
-        ratio = log_ratio.exp()
         critic = {"critic_loss": self.train_critic_on_schedule(rng)} if self.critic_schedule else {}
-        return UpdateResult(total, applied, {
-            **critic,
-            "grad_norm": grad_norm,
-            "ppo_ratio_max": float(ratio.max()) if len(ratio) else 1.0,
-            # the low-variance estimator of KL(behaviour || current): E[(r - 1) - log r]
-            "approx_kl": float(((ratio - 1) - log_ratio).mean()) if len(ratio) else 0.0,
-            "clip_fraction": float(((ratio - 1).abs() > clip).float().mean()) if len(ratio) else 0.0,
-        })
+        return UpdateResult(total, applied, {**critic, "grad_norm": grad_norm, **ratio_figures(log_ratio, clip)})

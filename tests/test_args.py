@@ -179,7 +179,8 @@ def test_a_script_for_one_env_takes_its_curriculum_flags(capsys):
 
 
 def test_unknown_trainer_lists_the_registered_learners():
-    with pytest.raises(ValueError, match=r"--trainer: 'a2c' is not one of \('pg', 'ppo', 'refuel'\)"):
+    with pytest.raises(ValueError, match=r"--trainer: 'a2c' is not one of \('pg', 'ppo', 'refuel', 'rloo', 'grpo', "
+                                         r"'gigpo'\)"):
         ScriptArguments(trainer="a2c")
 
 

@@ -49,7 +49,11 @@ def _never(args) -> bool:
 RL_SCRIPT, SFT_SCRIPT, EVAL_SCRIPT = "rl_finetune", "supervised_pretrain", "evaluation.evaluate"
 PG = Applies("--trainer pg", lambda a: a.trainer == "pg")
 PPO = Applies("--trainer ppo", lambda a: a.trainer == "ppo")
+PPO_OR_CLIPPED = Applies("--trainer ppo, grpo or gigpo", lambda a: a.trainer in ("ppo", "grpo", "gigpo"))
 REFUEL = Applies("--trainer refuel", lambda a: a.trainer == "refuel")
+GROUP_LEARNERS = ("rloo", "grpo", "gigpo")  # the learners that compare the episodes of one start
+CLIPPED_GROUP = Applies("--trainer grpo or gigpo", lambda a: a.trainer in ("grpo", "gigpo"))
+GIGPO = Applies("--trainer gigpo", lambda a: a.trainer == "gigpo")
 PG_OR_PPO = Applies("--trainer pg or ppo", lambda a: a.trainer in ("pg", "ppo"))
 CRITIC = Applies("--baseline critic", lambda a: a.baseline == "critic")
 FOUR_BIT = Applies("--load_in_4bit", lambda a: a.load_in_4bit)
@@ -346,7 +350,23 @@ class RLArguments(_Group):
 
     TITLE: ClassVar[str] = "reinforcement learning"
 
-    trainer: str = _arg("pg", "RL learner, a name of rl_algorithms.LEARNERS: pg (REINFORCE, the paper), ppo, refuel.")
+    trainer: str = _arg("pg", "RL learner, a name of rl_algorithms.LEARNERS: pg (REINFORCE, the paper), ppo, refuel, "
+                        "and the group learners rloo, grpo, gigpo (they need --group_size 2 or more).")
+    group_size: int = _arg(
+        1, "RL: play each start this many times per iteration, as independent episodes (each samples its own "
+        "actions) that the learner sees as one group; an iteration is --per_device_eval_batch_size episodes, "
+        "that is batch / GROUP_SIZE starts. The group learners compare the episodes of a group.", ONLY_RL)
+    grpo_variant: Literal["grpo", "dr_grpo"] = _arg(
+        "grpo", "GRPO/GiGPO: grpo (advantages scaled by the group's standard deviation, each episode's loss the "
+        "mean over its decisions) or dr_grpo (Dr. GRPO's unbiased form: no scaling, decisions summed, divided by "
+        "the batch's episodes).", CLIPPED_GROUP)
+    kl_coef: float = _arg(
+        0.0, "GRPO/GiGPO: weight of the KL penalty to the policy RL started from (the k3 estimator per "
+        "decision; 0: off, as Dr. GRPO and DAPO).", CLIPPED_GROUP)
+    gigpo_weight: float = _arg(1.0, "GiGPO: weight of the step-level advantage added to the episode-level one.",
+                               GIGPO)
+    gigpo_gamma: float = _arg(0.95, "GiGPO: discount of the returns from a step that the step groups compare.",
+                              GIGPO)
     baseline: Literal["none", "mean", "critic"] = _arg(
         "none", "Baseline subtracted from the cost-to-go (the paper: none).")
     use_critic: bool = _arg(False, "The paper's name for --baseline critic.")
@@ -406,8 +426,9 @@ class RLArguments(_Group):
     pg_normalize: Literal["episodes", "decisions"] = _arg(
         "episodes", "PG: divide the batch's summed loss by its episodes (the gradient of the mean episode cost) "
         "or by its decisions (the paper's code).", PG)
-    ppo_clip: float = _arg(0.1, "PPO ratio clip.", PPO, aliases=["--ppo_clip_coef"])
-    ppo_epochs: int = _arg(3, "PPO update epochs per batch of episodes.", PPO, aliases=["--ppo_update_iter"])
+    ppo_clip: float = _arg(0.1, "PPO/GRPO/GiGPO ratio clip.", PPO_OR_CLIPPED, aliases=["--ppo_clip_coef"])
+    ppo_epochs: int = _arg(3, "PPO/GRPO/GiGPO update epochs per batch of episodes.", PPO_OR_CLIPPED,
+                           aliases=["--ppo_update_iter"])
     refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.", REFUEL)
     entropy_coef: float = _arg(
         0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
@@ -434,6 +455,15 @@ class RLArguments(_Group):
         need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(self.trainer != "refuel" or self.baseline == "none", "baseline",
               "REFUEL regresses return differences and takes no baseline")
+        _at_least(self, 1, "group_size")
+        need(self.trainer not in GROUP_LEARNERS or self.group_size >= 2, "group_size",
+             f"--trainer {self.trainer} compares the episodes of one start: give --group_size 2 or more")
+        need(self.per_device_eval_batch_size % self.group_size == 0, "group_size",
+             f"{self.group_size} does not divide --per_device_eval_batch_size {self.per_device_eval_batch_size}")
+        need(self.trainer not in GROUP_LEARNERS or self.baseline == "none", "baseline",
+             f"--trainer {self.trainer} takes its baseline from the group")
+        _at_least(self, 0, "kl_coef", "gigpo_weight")
+        need(0.0 <= self.gigpo_gamma <= 1.0, "gigpo_gamma", f"must be in [0, 1], got {self.gigpo_gamma}")
         super().__post_init__()
 
 
