@@ -41,11 +41,11 @@ class SayCanScorer:
         pad = self.tokenizer.pad_token_id
         batch = torch.tensor([ids + [pad] * (width - len(ids)) for ids in action_ids], device=device)
         mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in action_ids], device=device)
-        cache = prefix.past_key_values
+        cache = prefix.cache
         cache.batch_repeat_interleave(len(actions))
         attention = torch.cat([torch.ones(len(actions), len(state_ids), dtype=mask.dtype, device=device), mask], 1)
         positions = torch.arange(len(state_ids), len(state_ids) + width, device=device).expand(len(actions), -1)
-        logits = self.model(batch, past_key_values=cache, attention_mask=attention, position_ids=positions).logits
+        logits = self.model(batch, cache=cache, attention_mask=attention, position_ids=positions).logits
         self.tokens += int(mask.sum())
         # The first action token is predicted by the state's last position.
         first = torch.log_softmax(prefix.logits[0, -1].float(), -1)[batch[:, 0]]

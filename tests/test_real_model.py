@@ -174,7 +174,8 @@ def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch):
     def tiny(model_name):
         recipe = real(model_name)
         return dataclasses.replace(
-            recipe, sft={role: dataclasses.replace(spec, steps=1) for role, spec in recipe.sft.items()},
+            recipe, task=(*recipe.task, "--horizon=3", "--reflect_max_new_tokens=8"),  # short episodes, reflections
+            sft={role: dataclasses.replace(spec, steps=1) for role, spec in recipe.sft.items()},
             rl={name: dataclasses.replace(variant, iterations=1) for name, variant in recipe.rl.items()},
             sft_flags=("--per_device_train_batch_size=2", "--logging_steps=1", "--max_seq_length=512"),
             extra=dict(recipe.extra, data_episodes=6),
