@@ -110,7 +110,7 @@ def on_pretrained(model_name: str) -> Recipe:
              "--cpu_bf16")  # bfloat16 where the CPU computes it (this one: avx512_bf16); CUDA: bf16 anyway
     label = Path(model_name).name
     return dataclasses.replace(
-        RECIPE, name=f"{RECIPE.name}-{label}", title=f"{RECIPE.title} ({label}, LoRA)", model=model,
+        RECIPE, name=f"{RECIPE.name}-{label}", title=f"{RECIPE.title} (LoRA)", model=model,
         sft=PRETRAINED_SFT, sft_flags=("--per_device_train_batch_size=16", "--logging_steps=10"),
         rl={name: dataclasses.replace(variant, iterations=PRETRAINED_RL_ITERATIONS) for name, variant in RL.items()},
         budget=PRETRAINED_BUDGET, pretrained=None,
