@@ -5,6 +5,7 @@
     python demo.py --seeds 0 1 2          # every seed, then one table: each row's mean and range
     python demo.py --task auto_explore    # another column (recipes.RECIPES: taxi_dropoff, alfworld, ...)
     python demo.py --task all --seeds 0 1 2   # every column, then the paper's table beside ours
+    python demo.py --learners pg ppo refuel rloo grpo gigpo --seeds 0 1 2   # the RL learners side by side
 
 A recipe (``recipes/``) holds a column's budget and its departures from the paper with their
 reasons. Per training seed the runner plays it the same way for every column:
@@ -49,7 +50,7 @@ import yaml
 
 from evaluation import evaluate
 from experiment_args import parse_args
-from recipes import DEFAULT, RECIPES
+from recipes import DEFAULT, RECIPES, learners
 from recipes.base import Recipe
 from recipes.paper_table import markdown as beside_the_paper
 from utils import checkpoints
@@ -176,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--model_name", default=None,
                      help="a pretrained base model (hub id, folder or .gguf file) instead of tiny-gpt2: the column's "
                           "recipe for a pretrained model (LoRA, the paper's data recipe), results in <task>-<model>/")
+    cli.add_argument("--learners", nargs="+", metavar="LEARNER",
+                     help="compare these RL learners (rl_algorithms.LEARNERS) on the column at the same episode budget: "
+                          "its Reflect-RL and w/o-reflection runs once per learner, results in <task>-learners/")
+    cli.add_argument("--reflection", default="both", choices=learners.REFLECTION,
+                     help="with --learners: each learner's runs with reflection, without, or both")
     options = cli.parse_args(list(argv or []))
     seeds = options.seeds if options.seeds is not None else [options.seed]
     if len(set(seeds)) != len(seeds):
@@ -190,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
             cli.error(f"--model_name: no recipe for a pretrained model in {', '.join(lacking)} yet "
                       f"(those that have one: {', '.join(r.name for r in RECIPES.values() if r.pretrained)})")
         recipes = [recipe.pretrained(options.model_name) for recipe in recipes]
+    if options.learners is not None:
+        if options.task == ALL:
+            cli.error("--learners: one column at a time (--task all compares none)")
+        try:
+            recipes = [learners.compare(recipe, options.learners, options.reflection) for recipe in recipes]
+        except ValueError as error:
+            cli.error(str(error))
+    elif options.reflection != "both":
+        cli.error("--reflection: only with --learners")
     done = []
     for recipe in recipes:
         root = top if recipe.name == DEFAULT else top / recipe.name
@@ -257,7 +272,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
     # --- 3. RLFT, each variant playing the validation panel
     rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
-                 f"--per_device_eval_batch_size={budget['rl_batch']}", f"--replay_batch_size={budget['rl_replay']}",
+                 f"--per_device_eval_batch_size={budget['rl_batch']}",
                  f"--per_device_train_batch_size={budget['rl_train_batch']}",
                  f"--learning_rate={budget['rl_learning_rate']}", f"--baseline={budget['rl_baseline']}",
                  f"--entropy_coef={budget['rl_entropy_coef']}", f"--eval_steps={budget['panel_every']}",
@@ -267,6 +282,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     def rl_stage(name: str) -> Stage:
         variant = recipe.rl[name]
         starts = [f"--load_dir={sft_dirs[variant.policy]}"] if variant.policy else []
+        starts += [f"--replay_batch_size={budget['rl_replay']}"] if variant.trainer == "pg" else []  # PG's replay
         starts += [*variant.flags, *(["--curriculum_steps", *map(str, variant.level_steps)] if variant.level_steps else [])]
         if variant.reflector:
             starts += [f"--reflect_load_dir={sft_dirs[variant.reflector]}", f"--top_k={budget['reflect_top_k']}"]

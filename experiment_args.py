@@ -114,7 +114,7 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
             wanted.append(f"optim={self.optim} (now adamw_torch)")
             self.optim = "adamw_torch"
         self.bf16 = self.cpu_bf16
-        if self.cpu_bf16 and _cpu_native_bf16() is False:
+        if self.cpu_bf16 and cpu_native_bf16() is False:
             logger.warning("--cpu_bf16: this CPU reports no native bfloat16 (avx512_bf16, amx_bf16); bfloat16 is "
                            "emulated and likely slower than float32 here")
         if wanted:
@@ -150,7 +150,7 @@ def _cuda_available() -> bool:
     return cuda_available()
 
 
-def _cpu_native_bf16() -> bool | None:
+def cpu_native_bf16() -> bool | None:
     """Whether the CPU computes bfloat16 natively (Linux: its /proc/cpuinfo flags); None if unknown."""
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()

@@ -140,14 +140,16 @@ def iteration_metrics(accelerator, episodes: list[Episode], result: UpdateResult
     totals = torch.tensor([
         sum(e.success for e in episodes), sum(e.cost for e in episodes), sum(len(e.decisions) for e in episodes),
         len(episodes), sum(d.entropy for e in episodes for d in e.decisions),
-        after.prompt_tokens - before.prompt_tokens, after.truncated - before.truncated], dtype=torch.float64)
+        after.prompt_tokens - before.prompt_tokens, after.truncated - before.truncated,
+        after.episodes - before.episodes], dtype=torch.float64)
     if accelerator.num_processes > 1:
         totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
-    successes, cost, length, count, entropy, tokens, truncated = totals.tolist()
+    successes, cost, length, count, entropy, tokens, truncated, played = totals.tolist()
     progress.truncated += int(truncated)
     return {
         "success": successes / count, "cost": cost / count, "loss": result.loss,
         "entropy": entropy / max(length, 1), "episode_length": length / count, "tokens": int(tokens),
+        "episodes_played": int(played),  # the batch and any the learner played besides (REFUEL's branches)
         "truncated_prompts": int(truncated), "truncated_prompts_total": progress.truncated,
         "nan_skips": progress.nan_skips, **result.metrics,
     }

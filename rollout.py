@@ -108,6 +108,7 @@ class RolloutStats:
     reflection_prompt_tokens: int = 0
     reflection_new_tokens: int = 0
     truncated: int = 0  # prompts cut from the left at max_seq_length
+    episodes: int = 0  # episodes played, a learner's extra ones (REFUEL's branches) included
     decisions: int = 0
     reflections: int = 0  # reflections asked for
     reflection_hits: int = 0  # of those, answered from the memo (ReflectionMemo) without generating
@@ -387,6 +388,7 @@ class TwoPlayerRollout:
             if env.label_set != self.labels:
                 raise ValueError(f"an environment shows the labels {env.label_set[:12]}..., the policy reads "
                                  f"{self.labels[:12]}...: build it with make_env(..., labels=rollout.labels)")
+        self.stats.episodes += len(starts)
         with _pool(envs) as pool:
             return self._run(envs, starts, rng, pool)
 

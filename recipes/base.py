@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from utils.arg_groups import DEFAULT_TRAINER
+
 
 @dataclass(frozen=True)
 class SFTRole:
@@ -40,6 +42,12 @@ class RLVariant:
     reflector: str | None = None
     level_steps: tuple[int, ...] = ()
     flags: tuple[str, ...] = ()
+
+    @property
+    def trainer(self) -> str:
+        """The run's learner: its ``--trainer=`` flag, else rl_finetune's default (the paper's PG)."""
+        return next((flag.split("=", 1)[1] for flag in reversed(self.flags) if flag.startswith("--trainer=")),
+                    DEFAULT_TRAINER)
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,12 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys):
+def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys, monkeypatch):
+    import recipes.taxi_pickup
+
+    for native in (True, False):  # bfloat16 only where the CPU computes it; emulated, it is slower than float32
+        monkeypatch.setattr(recipes.taxi_pickup, "cpu_native_bf16", lambda native=native: native)
+        assert ("--cpu_bf16" in TAXI.pretrained("/models/m.gguf").model) is native
     pretrained = TAXI.pretrained("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert pretrained.model_name == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert pretrained.model_label == "SmolLM2-135M-Instruct.Q4_1.gguf" and TAXI.model_label == "tiny-gpt2"
@@ -226,3 +231,59 @@ def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys):
     assert stop.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--model_name" in error and "alfworld" in error and "taxi_pickup" in error
+
+
+@pytest.mark.slow
+def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monkeypatch):
+    recipe = RECIPES[TAXI.name]
+    monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(recipe, budget=dict(recipe.budget, rl_batch=8)))
+    assert demo.main([f"--ckpt_path={tmp_path}", "--learners", "pg", "refuel", "gigpo", "--reflection", "with"]) == 0
+    root = tmp_path / "demo" / "taxi_pickup-learners"
+    learners = ["pg, with reflection", "refuel, with reflection", "gigpo, with reflection"]
+    rows = [r["name"] for r in json.loads((root / "results.json").read_text())["0"]["results"]]
+    assert rows == ["SFT only, with reflection", *learners]  # no run starts from the plain SFT policy
+    assert sorted(path.name for path in (root / "seed-0" / "runs").glob("sft-*")) == ["sft-policy", "sft-reflector"]
+    folder = root / "seed-0"
+    assert (folder / "learners_with_reflection.png").stat().st_size > 10_000
+    played, trainers = {}, {}
+    for run in _rl_runs(folder):
+        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        played[run.parent.name] = [r["episodes_played"] for r in records if "episodes_played" in r]
+        settings = (run / "setting.yml").read_text()
+        trainers[run.parent.name] = next(line.split(": ")[1] for line in settings.splitlines()
+                                         if line.startswith("trainer: "))
+        assert "reflect_load_dir: " in settings
+    assert trainers == {"rl-pg-with-reflection": "pg", "rl-refuel-with-reflection": "refuel",
+                        "rl-gigpo-with-reflection": "gigpo"}
+    # each learner plays 8 episodes an iteration: REFUEL 4 and a branch of each, GiGPO 2 starts 4 times each
+    assert all(counts == [8, 8] for counts in played.values()), played
+    logged = [json.loads(x) for x in (next(run_dirs(folder / "runs" / "rl-gigpo-with-reflection", "rl_finetune")[0]
+                                           .glob("checkpoint-*")) / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(e["group"] for e in logged if e["iteration"] == logged[0]["iteration"]) == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_learners_comparison_refuses_what_it_cannot_compare(capsys):
+    from recipes import learners
+
+    cases = [(["--learners", "pg", "sac"], "sac"), (["--learners", "pg", "pg"], "once"),
+             (["--learners", "pg", "--task", "all"], "one column"), (["--reflection", "with"], "only with --learners")]
+    for argv, said in cases:
+        with pytest.raises(SystemExit) as stop:
+            demo.main(argv)
+        assert stop.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said in error and error.startswith("demo.py: error: --"), error
+    odd = dataclasses.replace(TAXI, budget=dict(TAXI.budget, rl_batch=6))
+    with pytest.raises(ValueError, match="group size 4"):
+        learners.compare(odd, ["grpo"])
+    compared = learners.compare(TAXI, ["pg", "rloo"], "both")
+    assert list(compared.rl) == ["pg, with reflection", "rloo, with reflection", "pg, w/o reflection",
+                                 "rloo, w/o reflection"]
+    assert [compared.rl[name].trainer for name in compared.rl] == ["pg", "rloo", "pg", "rloo"]
+    assert {compared.rl[name].iterations for name in compared.rl} == {TAXI.rl["Reflect-RL"].iterations}
+    assert compared.rl["rloo, w/o reflection"].policy == "plain" and compared.rl["rloo, w/o reflection"].reflector is None
+    assert [row.name for row in compared.rows][:2] == ["SFT only", "SFT only, with reflection"]
+    assert set(compared.sft) == {"reflector", "policy", "plain"} and compared.sft_streams == TAXI.sft_streams
+    without = learners.compare(TAXI, ["gigpo"], "without")
+    assert [row.name for row in without.rows] == ["SFT only", "gigpo, w/o reflection"] and set(without.sft) == {"plain"}
+    assert without.sft_streams == (("plain",),) and without.accuracy is None

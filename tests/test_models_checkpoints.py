@@ -236,10 +236,10 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
 def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(monkeypatch, caplog):
     import experiment_args
 
-    monkeypatch.setattr(experiment_args, "_cpu_native_bf16", lambda: False)
+    monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: False)
     assert parse_args(["--cpu_bf16"]).bf16 is True
     assert "emulated and likely slower" in caplog.text
     caplog.clear()
-    monkeypatch.setattr(experiment_args, "_cpu_native_bf16", lambda: True)
+    monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: True)
     parse_args(["--cpu_bf16"])
     assert "emulated" not in caplog.text

@@ -51,6 +51,7 @@ PG = Applies("--trainer pg", lambda a: a.trainer == "pg")
 PPO = Applies("--trainer ppo", lambda a: a.trainer == "ppo")
 PPO_OR_CLIPPED = Applies("--trainer ppo, grpo or gigpo", lambda a: a.trainer in ("ppo", "grpo", "gigpo"))
 REFUEL = Applies("--trainer refuel", lambda a: a.trainer == "refuel")
+DEFAULT_TRAINER = "pg"  # the paper's learner, REINFORCE
 GROUP_LEARNERS = ("rloo", "grpo", "gigpo")  # the learners that compare the episodes of one start
 CLIPPED_GROUP = Applies("--trainer grpo or gigpo", lambda a: a.trainer in ("grpo", "gigpo"))
 GIGPO = Applies("--trainer gigpo", lambda a: a.trainer == "gigpo")
@@ -350,7 +351,7 @@ class RLArguments(_Group):
 
     TITLE: ClassVar[str] = "reinforcement learning"
 
-    trainer: str = _arg("pg", "RL learner, a name of rl_algorithms.LEARNERS: pg (REINFORCE, the paper), ppo, refuel, "
+    trainer: str = _arg(DEFAULT_TRAINER, "RL learner, a name of rl_algorithms.LEARNERS: pg (REINFORCE, the paper), ppo, refuel, "
                         "and the group learners rloo, grpo, gigpo (they need --group_size 2 or more).")
     group_size: int = _arg(
         1, "RL: play each start this many times per iteration, as independent episodes (each samples its own "
