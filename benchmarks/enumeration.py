@@ -55,7 +55,7 @@ def timed(work, runs: int) -> float:
 
 @torch.no_grad()  # a scoped switch: the caller's grad mode comes back on return
 def main(args) -> int:
-    runs = max(args.runs, 7)
+    runs = args.runs if args.runs > 1 else 7  # --runs defaults to 1: too few for a median
     model, tokenizer = models.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
     enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)
     rows = []

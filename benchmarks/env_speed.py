@@ -62,13 +62,13 @@ def main(args) -> int:
                      measure(make_env("alfworld", data_root=str(FIXTURES)), lambda rng: {}, min(episodes, 5),
                              args.seed)))
     data = args.alfworld_data or os.environ.get("ALFWORLD_DATA")
-    if data:  # 6 episodes over 2 games; with the memo a game played again resets without re-translating
+    if data:  # 6 episodes (at most --runs) over 2 games; with the memo a game played again resets without re-translating
         for memoise in (False, True):
             env = make_env("alfworld", data_root=data, horizon=10, memoise_engine=memoise)
             games = env.problems[:2]
             rows.append((f"alfworld (tomato->microwave, train; engine {'memoised' if memoise else 'not memoised'})",
-                         measure(env, lambda rng, games=games: {"problem": str(games[int(rng.integers(2))])}, 6,
-                                 args.seed)))
+                         measure(env, lambda rng, games=games: {"problem": str(games[int(rng.integers(2))])},
+                                 min(episodes, 6), args.seed)))
     print("\n| environment | episodes | steps | reset (median, ms) | steps/s |\n|---|---:|---:|---:|---:|")
     for name, row in rows:
         print(f"| {name} | {row['episodes']} | {row['steps']} | {row['reset_ms']:.1f} | {row['steps_per_s']:.0f} |")
