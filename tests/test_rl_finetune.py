@@ -33,6 +33,8 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     for key in ("success", "cost", "loss", "entropy", "episode_length", "tokens", "seconds", "level", "nan_skips"):
         assert key in records[0], key
     assert records[0]["level"] == "pickup"
+    # the batch, and for REFUEL a branch of each of its episodes
+    assert {r["episodes_played"] for r in records} == {args.per_device_eval_batch_size * (2 if trainer == "refuel" else 1)}
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     checkpoint = run / "checkpoint-2"
     weights = ("adapter_model.safetensors", "adapter_config.json") if extra.get("use_peft", True) else \
