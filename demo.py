@@ -53,7 +53,7 @@ from experiment_args import parse_args
 from recipes import DEFAULT, RECIPES, learners
 from recipes.base import Recipe
 from recipes.paper_table import markdown as beside_the_paper
-from utils import checkpoints
+from utils import checkpoints, metrics
 from utils.io import write_json, write_text_atomic
 from utils.paths import RESULTS_DIR
 from visualization import plot
@@ -295,6 +295,8 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     timings.update(run_side_by_side([[rl_stage(name) for name in stream] for stream in recipe.rl_streams], workers))
     timings["RLFT (wall)"] = time.time() - tic
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
+    played = {name: sum(record.get("episodes_played", 0) for record in metrics.read_metrics(path))
+              for name, path in rl.items()}  # the episode budget each run spent, its learner's own ones included
 
     # --- 4. evaluation on the fixed held-out episodes
     def policy_dir(row) -> Path:
@@ -340,11 +342,12 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
               f"{paper_table(recipe, results)}\n{episodes_note(recipe, results)} per row (the same for every row and seed); "
               f"actions sampled at temperature 1, reflections greedy.\n\n"
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
+              "Episodes played in RL training: " + ", ".join(f"{name} {n}" for name, n in played.items()) + "\n\n"
               f"Training curves: {curves}" + "".join(f", {folder / figure.file}" for figure in recipe.figures) + "\n\n"
               f"Wall time: {total / 60:.1f} min (" + ", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()) + ")\n")
     (folder / "results.md").write_text(report, encoding="utf-8")
     say(f"seed {seed} ({folder / 'results.md'}):\n\n{report}")
-    return {"results": results, "reflector_accuracy": accuracy, "timings": timings}
+    return {"results": results, "reflector_accuracy": accuracy, "timings": timings, "rl_episodes": played}
 
 
 def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,

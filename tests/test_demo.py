@@ -264,6 +264,9 @@ def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monke
                         "rl-gigpo-with-reflection": "gigpo"}
     # each learner plays 8 episodes an iteration: REFUEL 4 and a branch of each, GiGPO 2 starts 4 times each
     assert all(counts == [8, 8] for counts in played.values()), played
+    assert json.loads((root / "results.json").read_text())["0"]["rl_episodes"] == dict.fromkeys(learners, 16)
+    assert "Episodes played in RL training: pg, with reflection 16, refuel, with reflection 16" in \
+        (folder / "results.md").read_text()
     logged = [json.loads(x) for x in (next(run_dirs(folder / "runs" / "rl-gigpo-with-reflection", "rl_finetune")[0]
                                            .glob("checkpoint-*")) / "episodes.jsonl").read_text().splitlines()]
     assert sorted(e["group"] for e in logged if e["iteration"] == logged[0]["iteration"]) == [0, 0, 0, 0, 1, 1, 1, 1]
