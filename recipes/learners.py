@@ -79,7 +79,7 @@ def compare(recipe: Recipe, learners: list[str], reflection: str = "both") -> Re
     sft_streams = tuple(kept for kept in (tuple(role for role in stream if role in used) for stream in recipe.sft_streams)
                         if kept)
     figures = tuple(CurveFigure(f"learners_{'with' if kind == WITH else 'without'}_reflection.png",
-                                f"{recipe.title}: validation success of each learner, {kind}",
+                                f"{recipe.title}: learners, {kind}",
                                 tuple(run_name(learner, kind) for learner in learners)) for kind in kinds)
     return dataclasses.replace(
         recipe, name=f"{recipe.name}-learners", title=f"{recipe.title}, learners compared", rl=rl,
