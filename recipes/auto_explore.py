@@ -106,7 +106,8 @@ def rl_flags(recipe: Recipe, data_dir: Path) -> list[str]:
             f"--repo_dir={data_dir / 'repos_filtered'}"]
 
 
-def _evaluation(split: str, *flags: str) -> Evaluation:
+def evaluation_on(split: str, *flags: str) -> Evaluation:
+    """The columns' evaluation on the tasks of ``split`` (a file of the data folder), with ``flags`` of its own."""
     columns = (("depth 1", "AutoExplore depth 1"), ("depth 2", "AutoExplore depth 2"))
     return Evaluation(lambda data_dir: [f"--task_file={data_dir / split}", f"--repo_dir={data_dir / 'repos_filtered'}",
                                         *flags, "--eval_levels", *(level for level, _ in columns)], columns)
@@ -116,9 +117,9 @@ RECIPE = Recipe(
     name="auto_explore", title="AutoExplore", task=TASK, data=data, sft=SFT,
     sft_streams=(("reflector", "policy", "reflector_positive"), ("plain", "policy_positive")), rl=RL, sft_flags=SFT_FLAGS,
     rl_streams=(("Reflect-RL", "SFT+RLFT w/o reflection"), ("SFT+RLFT w/o negative", "RLFT only")), rows=ROWS,
-    evaluations={"held-out": _evaluation("test.json"),
+    evaluations={"held-out": evaluation_on("test.json"),
                  # reported only, and on fewer episodes: each of the held-out repository's tasks GENERALISATION_REPS times
-                 "generalisation": _evaluation("holdout.json", f"--eval_reps={GENERALISATION_REPS}",
+                 "generalisation": evaluation_on("holdout.json", f"--eval_reps={GENERALISATION_REPS}",
                                                "--eval_level_episodes=0")},
     budget=BUDGET, rl_flags=rl_flags, accuracy=reflector_accuracy(advised_command),
     figures=(CurveFigure("negatives_curves.png", "AutoExplore: validation success with and without negative examples "

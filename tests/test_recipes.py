@@ -54,11 +54,18 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     """The whole AutoExplore column at a tiny budget: six rows, depth 1 and 2 on the test split and on the
     held-out repository, each depth at least its minimum of episodes, the reflector's accuracy. The tasks
     and their split do not depend on the training seed; the trajectories do."""
+    import dataclasses
+
+    from recipes import auto_explore
     from tests.test_demo import scaled
 
     recipe = RECIPES["auto_explore"]
-    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=1,
+    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=2,
                    accuracy_episodes=1, eval_batch=8)
+    # the held-out repository's tasks once each, not GENERALISATION_REPS times (its 35 tasks x 6 rows, 4 times,
+    # were 2 of this test's 8 minutes)
+    small = dataclasses.replace(small, evaluations={**small.evaluations, "generalisation": auto_explore.evaluation_on(
+        "holdout.json", "--eval_reps=1", "--eval_level_episodes=0")})
     monkeypatch.setitem(RECIPES, recipe.name, small)
     assert demo.main(["--task", "auto_explore", f"--ckpt_path={tmp_path}", "--seed", "3"]) == 0
     root = tmp_path / "demo" / "auto_explore"
