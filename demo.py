@@ -325,7 +325,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
         timed(label, evaluate_all)
         if index == 0 and recipe.accuracy is not None:
-            reading = next(config for config, row in zip(configs, recipe.rows) if row.policy.startswith("sft:")
+            reading = next(config for config, row in zip(configs, recipe.rows) if row.sft_role
                            and row.reflector)
             timed("reflector accuracy", lambda eval_args=eval_args, reading=reading: accuracy.update(
                 recipe.accuracy(recipe, eval_args, reading)))

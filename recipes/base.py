@@ -70,6 +70,12 @@ class Row:
     policy: str
     reflector: str | None = None
 
+    @property
+    def sft_role(self) -> str | None:
+        """The SFT role whose policy the row plays (``sft:<role>``), None for an RL variant's."""
+        kind, _, source = self.policy.partition(":")
+        return source if kind == "sft" else None
+
 
 @dataclass(frozen=True)
 class Evaluation:

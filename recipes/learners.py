@@ -72,9 +72,9 @@ def compare(recipe: Recipe, learners: list[str], reflection: str = "both") -> Re
             rl[name] = dataclasses.replace(template, flags=template.flags + learner_flags(learner, recipe.budget["rl_batch"]))
             rows.append(Row(name, f"rl:{name}", template.reflector))
     # the column's SFT-only rows beside them, those of the SFT models the runs start from
-    rows = [row for row in recipe.rows if row.policy.startswith("sft:") and (row.policy[4:], row.reflector) in
+    rows = [row for row in recipe.rows if row.sft_role and (row.sft_role, row.reflector) in
             {(variant.policy, variant.reflector) for variant in rl.values()}] + rows
-    used = {role for row in rows for role in (row.policy[4:] if row.policy.startswith("sft:") else None, row.reflector)}
+    used = {role for row in rows for role in (row.sft_role, row.reflector)}
     used |= {role for variant in rl.values() for role in (variant.policy, variant.reflector)}
     sft_streams = tuple(kept for kept in (tuple(role for role in stream if role in used) for stream in recipe.sft_streams)
                         if kept)
@@ -84,7 +84,7 @@ def compare(recipe: Recipe, learners: list[str], reflection: str = "both") -> Re
     return dataclasses.replace(
         recipe, name=f"{recipe.name}-learners", title=f"{recipe.title}, learners compared", rl=rl,
         sft={role: spec for role, spec in recipe.sft.items() if role in used}, sft_streams=sft_streams,
-        accuracy=recipe.accuracy if any(row.policy.startswith("sft:") and row.reflector for row in rows) else None,
+        accuracy=recipe.accuracy if any(row.sft_role and row.reflector for row in rows) else None,
         rl_streams=tuple((name,) for name in rl), rows=tuple(rows), figures=figures, pretrained=None,
         evaluations={name: dataclasses.replace(evaluation, rows=None) for name, evaluation in
                      list(recipe.evaluations.items())[:1]},  # the column's main held-out episodes, every row
