@@ -1,5 +1,6 @@
 # The two commands of the README. Each bootstraps .venv on a fresh machine (idempotent): torch
-# (lock/torch.txt; the CPU build when no NVIDIA GPU is visible, else the default CUDA build), then
+# (lock/torch.txt; the CPU build when no NVIDIA GPU is visible, else the default CUDA build and
+# bitsandbytes from lock/gpu.txt), then
 # exactly the versions of the lock, with their hashes, and checks the venv against the lock.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -50,10 +51,11 @@ lock: $(VENV)/.stamp-torch
 		--excludes lock/no-deps.txt -o lock/test.txt
 	$(UV_COMPILE) pyproject.toml -c lock/test.txt -o lock/demo.txt
 
-$(VENV)/.stamp-torch: lock/torch.txt
+$(VENV)/.stamp-torch: lock/torch.txt lock/gpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		echo "NVIDIA GPU found: installing $(TORCH_GPU)"; $(PIP) $(TORCH_GPU); \
+		echo "NVIDIA GPU found: installing $(TORCH_GPU) and lock/gpu.txt"; $(PIP) $(TORCH_GPU) && \
+		$(PIP_LOCKED) -r lock/gpu.txt; \
 	else \
 		echo "No NVIDIA GPU: installing $(TORCH_CPU)"; $(PIP) $(TORCH_CPU); \
 	fi

@@ -106,7 +106,8 @@ class Recipe:
     budget: dict[str, Any]  # every other number the runner reads (see RUNNER_BUDGET)
     departures: tuple[tuple[str, str], ...] = ()  # (what departs from the paper, why), for the report
     accuracy: Callable[..., dict] | None = None  # (recipe, eval_args, row config) -> per-step accuracy
-    model: tuple[str, ...] = ("--model_name=tiny-gpt2", "--no_use_peft")
+    # trained in full, so never quantised: a CUDA machine keeps the paper's 8-bit default otherwise
+    model: tuple[str, ...] = ("--model_name=tiny-gpt2", "--no_use_peft", "--no_load_in_8bit")
     sft_flags: tuple[str, ...] = ("--per_device_train_batch_size=16", "--logging_steps=50")
     extra: dict[str, Any] = field(default_factory=dict)  # the recipe's own numbers (its data budget, ...)
     rl_flags: Callable[["Recipe", Path], list[str]] = _no_flags  # RL's flags given the data folder (task files)

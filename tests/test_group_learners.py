@@ -39,7 +39,7 @@ def _learner(name, scorer, **flags):
     from accelerate import Accelerator
 
     args = ScriptArguments(model_name="tiny-gpt2", trainer=name, group_size=2, **flags)
-    return LEARNERS[name](LearnerSettings.from_args(args), scorer, Accelerator(cpu=True))
+    return LEARNERS[name](LearnerSettings.from_args(args), scorer, Accelerator())
 
 
 # --- grouped starts -------------------------------------------------------------------------------

@@ -80,6 +80,18 @@ def test_each_lock_pins_with_hashes_what_pyproject_asks(name, extras):
     assert set(torch_pin) == {"torch"}
 
 
+def test_the_gpu_lock_pins_the_gpu_extra_with_hashes_and_only_a_cuda_machine_installs_it():
+    pins = check.read_pins(LOCK / "gpu.txt")
+    extra = {check.canonical(r.name): r for r in _requirements("gpu")[len(_requirements()):]}
+    assert set(pins) == set(extra) and all(extra[name].specifier.contains(pins[name]) for name in pins)
+    text = (LOCK / "gpu.txt").read_text()
+    assert text.count("--hash=sha256:") >= len(pins)
+    dry = subprocess.run(["make", "-n", "-B", ".venv/.stamp-torch"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    gpu_branch, cpu_branch = dry.split("else", 1)
+    assert "--require-hashes -r lock/gpu.txt" in gpu_branch and "lock/gpu.txt" not in cpu_branch
+
+
 def test_the_demo_lock_agrees_with_the_test_lock_and_model_wheel_stands_alone():
     demo, test = check.read_pins(LOCK / "demo.txt"), check.read_pins(LOCK / "test.txt")
     assert {name: test.get(name) for name in demo} == demo

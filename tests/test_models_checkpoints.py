@@ -11,6 +11,7 @@ import torch
 from experiment_args import parse_args
 from prompts import LABELS, label_token_ids, policy_prompt
 from utils import checkpoints, metrics, models, seeding
+from utils.errors import UsageError
 
 HEAD = "The actions you can take now is:"
 PROMPTS = [
@@ -25,7 +26,7 @@ def _count(model) -> tuple[int, int]:
 
 
 def _batch(tokenizer):
-    return tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    return tokenizer(PROMPTS, return_tensors="pt", padding=True).to(models.device())
 
 
 def test_new_lora_adapter_trains_only_lora(make_args):
@@ -44,7 +45,8 @@ def test_the_causal_lm_loss_is_named_not_guessed(make_args):
     from transformers.loss.loss_utils import LOSS_MAPPING
 
     for use_peft in (True, False):
-        model, tokenizer = models.load_model_and_tokenizer(make_args(use_peft=use_peft))
+        # a CUDA machine keeps the 8-bit default, which only LoRA can train
+        model, tokenizer = models.load_model_and_tokenizer(make_args(use_peft=use_peft, load_in_8bit=use_peft))
         base = model.get_base_model() if use_peft else model
         assert base.loss_type == "ForCausalLM" and base.loss_type in LOSS_MAPPING
         assert base.loss_function is LOSS_MAPPING["ForCausalLM"]
@@ -73,7 +75,7 @@ def test_loader_shrinks_on_request(make_args):
 
 
 def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
-    args = make_args()
+    args = make_args(load_in_8bit=False, bf16=False)  # float32 either way: compared exactly
     model, tokenizer = models.load_model_and_tokenizer(args)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -189,7 +191,7 @@ def test_metric_logger_writes_jsonl_and_tensorboard(tmp_path):
 def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path):
     """--no_use_peft trains every weight; the label head keeps the tied matrix frozen so a
     saved and reloaded model scores labels exactly as in training."""
-    args = make_args(use_peft=False)
+    args = make_args(use_peft=False, load_in_8bit=False)  # a CUDA machine would keep the 8-bit default
     model, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
     trainable, total = _count(model)
     embedding = model.get_input_embeddings().weight
@@ -208,6 +210,23 @@ def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path
     again, _ = models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=False, shrink_head=True)
     with torch.no_grad():
         torch.testing.assert_close(again(**batch).logits, expected)
+
+
+def test_a_quantised_model_is_never_trained_in_full(make_args, tmp_path):
+    """8/4-bit weights take no gradient, so training every weight of one (--no_use_peft, or a saved whole
+    model) is refused before anything loads, naming the flags; a CPU drops the 8 bits itself, so the
+    setting a CUDA machine keeps is set here by hand."""
+    args = make_args(use_peft=False)
+    args.load_in_8bit = True
+    with pytest.raises(UsageError, match=r"^--load_in_8bit cannot train every weight \(--no_use_peft\).*--no_load_in_8bit"):
+        models.load_model_and_tokenizer(args)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "config.json").write_text("{}")
+    args = make_args()
+    args.load_in_8bit, args.load_in_4bit = False, True
+    with pytest.raises(UsageError, match=r"^--load_in_4bit cannot train every weight \(the whole model saved in"):
+        models.load_model_and_tokenizer(args, adapter_dir=str(whole))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")

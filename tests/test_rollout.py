@@ -14,12 +14,16 @@ from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 from utils import models
 from utils.kv_cache import PrefixKV, shared_length
 
+# Exactness is claimed in float32 without quantisation, on any device: a CUDA machine's defaults (8-bit
+# bitsandbytes, bf16) make a row's numbers depend on the rest of its batch (LLM.int8's outlier columns).
+EXACT = dict(model_name="tiny-gpt2", load_in_8bit=False, bf16=False)
+
 
 @pytest.fixture(scope="module")
 def players():
     from experiment_args import ScriptArguments
 
-    args = ScriptArguments(model_name="tiny-gpt2")
+    args = ScriptArguments(**EXACT)
     torch.manual_seed(0)
     policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
     with torch.no_grad():  # a non-trivial adapter, so the policy is not uniform
@@ -71,6 +75,7 @@ def test_stored_logprobs_equal_a_fresh_recomputation(players):
     scorer = PolicyScorer(policy, tokenizer, max_seq_length=1024, temperature=1.0)
     with torch.no_grad():
         logp = scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions]).logprobs
+    logp = logp.cpu()
     fresh = logp[torch.arange(len(decisions)), torch.tensor([d.action for d in decisions])]
     torch.testing.assert_close(fresh, torch.tensor([d.logprob for d in decisions]), atol=1e-5, rtol=1e-5)
     entropy = -(logp.exp() * logp.masked_fill(logp.isinf(), 0)).sum(-1)
@@ -206,7 +211,7 @@ def test_saycan_scores_with_and_without_the_cache_agree(players):
         ids = tokenizer(state + info["actions"][0], add_special_tokens=False)["input_ids"]
         n_state = len(tokenizer(state, add_special_tokens=False)["input_ids"])
         with torch.no_grad():
-            logp = torch.log_softmax(policy(torch.tensor([ids])).logits[0], -1)
+            logp = torch.log_softmax(policy(torch.tensor([ids], device=policy.device)).logits[0], -1)
         by_hand = sum(float(logp[t - 1, ids[t]]) for t in range(n_state, len(ids)))
     torch.testing.assert_close(cached_scores, uncached_scores, atol=1e-4, rtol=1e-4)
     assert float(uncached_scores[0]) == pytest.approx(by_hand, abs=1e-4)
@@ -264,7 +269,7 @@ def test_a_change_of_the_reflector_weights_empties_the_memo(players):
     from experiment_args import ScriptArguments
 
     policy, tokenizer, _, reflect_tokenizer = players
-    reflector, _ = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), trainable=False)
+    reflector, _ = models.load_model_and_tokenizer(ScriptArguments(**EXACT), trainable=False)
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                                reflect_max_new_tokens=10, top_k=1)
     env = make_env("taxi", labels=rollout.labels)
@@ -300,7 +305,7 @@ def test_a_shared_prefix_scores_as_the_whole_prompts():
     from experiment_args import ScriptArguments
 
     torch.manual_seed(0)
-    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(**EXACT), shrink_head=True)
     policy.eval()
     scorer = PolicyScorer(policy, tokenizer, 1024, 1.0)
     prompts, head = _prefixed_prompts(tokenizer)

@@ -78,7 +78,7 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_adapter(make_args, tmp_p
     assert (run_dir / "checkpoint-15" / checkpoints.SETTINGS_FILE).is_file()
     tuned, tokenizer = models.load_model_and_tokenizer(make_args(), adapter_dir=str(checkpoint), trainable=False)
     base, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
-    batch = tokenizer([texts[1][:-1]], return_tensors="pt")
+    batch = tokenizer([texts[1][:-1]], return_tensors="pt").to(models.device())
     labels = [tokenizer.convert_tokens_to_ids(label) for label in "012"]
     with torch.no_grad():
         tuned_mass = tuned(**batch).logits[0, -1].softmax(-1)[labels].sum()

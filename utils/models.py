@@ -232,6 +232,13 @@ def load_model_and_tokenizer(
     path = resolve_model_path(model_name)
     tokenizer = load_tokenizer(model_name)
     quantized = args.load_in_8bit or args.load_in_4bit
+    whole_model = adapter_dir is not None and _is_whole_model(adapter_dir)
+    if trainable and quantized and (whole_model or (adapter_dir is None and not args.use_peft)):
+        # bitsandbytes' 8/4-bit weights take no gradient: the run would train nothing
+        raise UsageError(f"{'--load_in_8bit' if args.load_in_8bit else '--load_in_4bit'} cannot train every weight "
+                         f"({'the whole model saved in ' + repr(adapter_dir) if whole_model else '--no_use_peft'}): "
+                         "quantised weights take no gradient; add --no_load_in_8bit (and no --load_in_4bit), or "
+                         "train a LoRA adapter (--use_peft)")
     kwargs: dict[str, Any] = {"dtype": compute_dtype(args)}
     if quantized:
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -243,7 +250,6 @@ def load_model_and_tokenizer(
             bnb_4bit_use_double_quant=args.use_nested_quant,
         )
         kwargs["device_map"] = {"": device()}
-    whole_model = adapter_dir is not None and _is_whole_model(adapter_dir)
     model = AutoModelForCausalLM.from_pretrained(adapter_dir if whole_model else path, **kwargs)
     if not quantized:
         model.to(device())
