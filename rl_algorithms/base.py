@@ -103,7 +103,8 @@ class Learner:
         # The critic learns in the policy's optimiser step (ours), or on the paper's schedule: every
         # --critic_update_freq iterations, --critic_update_iter passes, with an optimiser of its own.
         self.critic_schedule = self.critic is not None and (settings.critic_update_freq, settings.critic_update_iter) != (1, 1)
-        self.params = [p for p in scorer.policy.parameters() if p.requires_grad]
+        self.policy_params = [p for p in scorer.policy.parameters() if p.requires_grad]
+        self.params = list(self.policy_params)  # what the optimiser steps: the policy's, and the critic's below
         if self.critic is not None and not self.critic_schedule:
             self.params += list(self.critic.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=settings.learning_rate, weight_decay=settings.weight_decay)

@@ -57,7 +57,7 @@ def anchor_groups(episodes: list[Episode], members: list[list[int]]) -> list[lis
 class GiGPO(GRPO):
     def advantages(self, episodes: list[Episode]) -> np.ndarray:
         members = group_members(episodes)
-        episode_level = super().advantages(episodes)
+        episode_level = self.episode_advantages(episodes, members)
         step_returns = torch.tensor([g for e in episodes for g in discounted_returns(
             [d.reward for d in e.decisions], self.settings.gigpo_gamma)], dtype=torch.float64)
         step_level = group_relative(step_returns, anchor_groups(episodes, members), self.scaled).numpy()

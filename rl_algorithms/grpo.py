@@ -35,7 +35,6 @@ from rollout import Episode
 class GRPO(Learner):
     def __init__(self, settings, scorer, accelerator):
         super().__init__(settings, scorer, accelerator)
-        self.policy_params = [p for p in scorer.policy.parameters() if p.requires_grad]
         # the policy RL started from, for the KL penalty (its trainable weights; the rest never change)
         self.reference = [p.detach().clone() for p in self.policy_params] if settings.kl_coef > 0 else None
 
@@ -45,7 +44,10 @@ class GRPO(Learner):
 
     def advantages(self, episodes: list[Episode]) -> np.ndarray:
         """Each decision's advantage, in ``flat_decisions`` order."""
-        members = group_members(episodes)
+        return self.episode_advantages(episodes, group_members(episodes))
+
+    def episode_advantages(self, episodes: list[Episode], members: list[list[int]]) -> np.ndarray:
+        """Each decision's share of its episode's group-relative advantage (``members``: the groups)."""
         return per_decision(episodes, group_relative(episode_returns(episodes), members, self.scaled)).numpy()
 
     def weights(self, episodes: list[Episode]) -> np.ndarray:
