@@ -20,7 +20,7 @@ from pathlib import Path
 import data_gen.alfworld.gen_sft
 import data_gen.alfworld.reflection
 from recipes import taxi_pickup
-from recipes.base import Evaluation, Recipe, RLVariant, SFTRole, paper_rows
+from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
 from utils.paths import SHARED_DIR
 
 DATA = SHARED_DIR / "alfworld" / "tomato_microwave_json_2.1.1"  # the paper's family, unpacked (../shared)
@@ -41,9 +41,9 @@ SFT = {
     "plain": SFTRole("sft.jsonl", 80, 1e-3, "cosine"),
 }
 RL = {
-    "Reflect-RL": RLVariant(8, policy="policy", reflector="reflector"),
-    "SFT+RLFT w/o reflection": RLVariant(8, policy="plain"),
-    "RLFT only": RLVariant(8),
+    REFLECT_RL: RLVariant(8, policy="policy", reflector="reflector"),
+    WITHOUT_REFLECTION: RLVariant(8, policy="plain"),
+    RLFT_ONLY: RLVariant(8),
 }
 BUDGET = {**taxi_pickup.BUDGET,
           "rl_batch": 8,  # 8 games side by side, each in its worker
@@ -71,7 +71,7 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
 RECIPE = Recipe(
     name="alfworld", title="ALFWorld (tomato to microwave)", task=TASK, data=data, sft=SFT,
     sft_streams=(("reflector",), ("policy", "plain")), rl=RL, sft_flags=SFT_FLAGS,
-    rl_streams=(("Reflect-RL",), ("SFT+RLFT w/o reflection", "RLFT only")), rows=paper_rows(),
+    rl_streams=((REFLECT_RL,), (WITHOUT_REFLECTION, RLFT_ONLY)), rows=paper_rows(),
     evaluations={"held-out": Evaluation(lambda data_dir: ["--eval_levels", FAMILY], ((FAMILY, "ALFWorld"),))},
     budget=BUDGET, extra={"data_episodes": DATA_EPISODES},
     departures=(

@@ -34,7 +34,18 @@ from data_gen.auto_explore import (
 )
 from data_gen.auto_explore.reflection_negative import advised_command
 from recipes.accuracy import reflector_accuracy
-from recipes.base import CurveFigure, Evaluation, Recipe, RLVariant, Row, SFTRole, paper_rows
+from recipes.base import (
+    REFLECT_RL,
+    RLFT_ONLY,
+    WITHOUT_REFLECTION,
+    CurveFigure,
+    Evaluation,
+    Recipe,
+    RLVariant,
+    Row,
+    SFTRole,
+    paper_rows,
+)
 
 TASK_SEED = 0  # the benchmark (repositories, tasks, their split) is the same for every training seed: one
 # evaluation set for all seeds; the training seed draws the trajectories (their wrong turns), SFT and RL
@@ -59,10 +70,10 @@ SFT = {
 # Batches of 8 texts of similar length: the policy texts' lengths vary five-fold (a folder's action list).
 SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=20")
 RL = {
-    "Reflect-RL": RLVariant(20, policy="policy", reflector="reflector"),
+    REFLECT_RL: RLVariant(20, policy="policy", reflector="reflector"),
     "SFT+RLFT w/o negative": RLVariant(20, policy="policy_positive", reflector="reflector_positive"),
-    "SFT+RLFT w/o reflection": RLVariant(20, policy="plain"),
-    "RLFT only": RLVariant(20),
+    WITHOUT_REFLECTION: RLVariant(20, policy="plain"),
+    RLFT_ONLY: RLVariant(20),
 }
 ROWS = paper_rows(Row("SFT+RLFT w/o negative", "rl:SFT+RLFT w/o negative", "reflector_positive"))
 BUDGET = {
@@ -116,14 +127,14 @@ def evaluation_on(split: str, *flags: str) -> Evaluation:
 RECIPE = Recipe(
     name="auto_explore", title="AutoExplore", task=TASK, data=data, sft=SFT,
     sft_streams=(("reflector", "policy", "reflector_positive"), ("plain", "policy_positive")), rl=RL, sft_flags=SFT_FLAGS,
-    rl_streams=(("Reflect-RL", "SFT+RLFT w/o reflection"), ("SFT+RLFT w/o negative", "RLFT only")), rows=ROWS,
+    rl_streams=((REFLECT_RL, WITHOUT_REFLECTION), ("SFT+RLFT w/o negative", RLFT_ONLY)), rows=ROWS,
     evaluations={"held-out": evaluation_on("test.json"),
                  # reported only, and on fewer episodes: each of the held-out repository's tasks GENERALISATION_REPS times
                  "generalisation": evaluation_on("holdout.json", f"--eval_reps={GENERALISATION_REPS}",
                                                "--eval_level_episodes=0")},
     budget=BUDGET, rl_flags=rl_flags, accuracy=reflector_accuracy(advised_command),
     figures=(CurveFigure("negatives_curves.png", "AutoExplore: validation success with and without negative examples "
-                         "(the paper's Figure 3)", ("Reflect-RL", "SFT+RLFT w/o negative")),),
+                         "(the paper's Figure 3)", (REFLECT_RL, "SFT+RLFT w/o negative")),),
     departures=(
         ("file views of ~60 tokens (the paper: ~500)", "a CPU budget: the texts' length decides an SFT step's cost"),
         ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "

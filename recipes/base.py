@@ -158,12 +158,17 @@ class Recipe:
                 "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra}
 
 
+# The paper's row names, which also name the RL variants behind its rows (and the paper's numbers).
+SFT_ONLY, SFT_WITH_REFLECTION, RLFT_ONLY = "SFT only", "SFT only, with reflection", "RLFT only"
+WITHOUT_REFLECTION, REFLECT_RL = "SFT+RLFT w/o reflection", "Reflect-RL"
+
+
 def paper_rows(*ablations: Row) -> tuple[Row, ...]:
     """The rows every column of the paper's table has, with a column's own ``ablations`` before Reflect-RL.
     They name the SFT roles ``plain``, ``policy`` and ``reflector`` and the RL variants by row name."""
-    return (Row("SFT only", "sft:plain"), Row("SFT only, with reflection", "sft:policy", "reflector"),
-            Row("RLFT only", "rl:RLFT only"), Row("SFT+RLFT w/o reflection", "rl:SFT+RLFT w/o reflection"),
-            *ablations, Row("Reflect-RL", "rl:Reflect-RL", "reflector"))
+    return (Row(SFT_ONLY, "sft:plain"), Row(SFT_WITH_REFLECTION, "sft:policy", "reflector"),
+            Row(RLFT_ONLY, f"rl:{RLFT_ONLY}"), Row(WITHOUT_REFLECTION, f"rl:{WITHOUT_REFLECTION}"),
+            *ablations, Row(REFLECT_RL, f"rl:{REFLECT_RL}", "reflector"))
 
 
 # The numbers demo.py reads from every recipe's budget. Optional: "eval_level_episodes", the least number of

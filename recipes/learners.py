@@ -17,7 +17,7 @@ reflection``; the figures plot every learner's validation panel, with and withou
 
 import dataclasses
 
-from recipes.base import CurveFigure, Recipe, Row
+from recipes.base import REFLECT_RL, WITHOUT_REFLECTION, CurveFigure, Recipe, Row
 from utils.arg_groups import GROUP_LEARNERS
 
 # Starts played GROUP_SIZE times each by the group learners: 4 starts of 4 episodes in a batch of 16. GiGPO's
@@ -26,7 +26,7 @@ GROUP_SIZE = 4
 REFLECTION = ("with", "without", "both")  # --reflection: which runs of each learner
 WITH, WITHOUT = "with reflection", "w/o reflection"
 # The column's runs a learner's runs are copies of (their SFT starts, iterations and curriculum): paper_rows'.
-TEMPLATES = {WITH: "Reflect-RL", WITHOUT: "SFT+RLFT w/o reflection"}
+TEMPLATES = {WITH: REFLECT_RL, WITHOUT: WITHOUT_REFLECTION}
 
 
 def learner_flags(learner: str, batch: int) -> tuple[str, ...]:

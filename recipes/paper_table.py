@@ -7,15 +7,17 @@ it; a column no recipe reports yet is shown with the paper's numbers and "not ru
 
 import numpy as np
 
+from recipes.base import REFLECT_RL, RLFT_ONLY, SFT_ONLY, WITHOUT_REFLECTION
+
 # (column, {row: the paper's success %}); a row the paper does not report is absent
 PAPER = (
-    ("AutoExplore depth 1", {"SFT only": 4, "RLFT only": 12, "SFT+RLFT w/o reflection": 20,
-                             "SFT+RLFT w/o negative": 33, "Reflect-RL": 36}),
-    ("AutoExplore depth 2", {"SFT only": 9, "RLFT only": 3, "SFT+RLFT w/o reflection": 4,
-                             "SFT+RLFT w/o negative": 12, "Reflect-RL": 17}),
-    ("Taxi pickup", {"SFT only": 7, "RLFT only": 2, "SFT+RLFT w/o reflection": 6, "Reflect-RL": 58}),
-    ("Taxi +drop-off", {"SFT only": 0, "RLFT only": 0, "SFT+RLFT w/o reflection": 0, "Reflect-RL": 29}),
-    ("ALFWorld", {"SFT only": 0, "RLFT only": 0, "SFT+RLFT w/o reflection": 66, "Reflect-RL": 74}),
+    ("AutoExplore depth 1", {SFT_ONLY: 4, RLFT_ONLY: 12, WITHOUT_REFLECTION: 20,
+                             "SFT+RLFT w/o negative": 33, REFLECT_RL: 36}),
+    ("AutoExplore depth 2", {SFT_ONLY: 9, RLFT_ONLY: 3, WITHOUT_REFLECTION: 4,
+                             "SFT+RLFT w/o negative": 12, REFLECT_RL: 17}),
+    ("Taxi pickup", {SFT_ONLY: 7, RLFT_ONLY: 2, WITHOUT_REFLECTION: 6, REFLECT_RL: 58}),
+    ("Taxi +drop-off", {SFT_ONLY: 0, RLFT_ONLY: 0, WITHOUT_REFLECTION: 0, REFLECT_RL: 29}),
+    ("ALFWorld", {SFT_ONLY: 0, RLFT_ONLY: 0, WITHOUT_REFLECTION: 66, REFLECT_RL: 74}),
 )
 
 

@@ -20,7 +20,17 @@ import data_gen.taxi.reflection
 from envs.taxi import CURRICULA, FULL
 from recipes import taxi_pickup
 from recipes.accuracy import reflector_accuracy
-from recipes.base import CurveFigure, Evaluation, Recipe, RLVariant, Row, paper_rows
+from recipes.base import (
+    REFLECT_RL,
+    RLFT_ONLY,
+    WITHOUT_REFLECTION,
+    CurveFigure,
+    Evaluation,
+    Recipe,
+    RLVariant,
+    Row,
+    paper_rows,
+)
 from utils.io import read_json, write_json
 
 PICKUP, DROPOFF = CURRICULA[0], CURRICULA[1]
@@ -40,9 +50,9 @@ DROPOFF_ITERATIONS = 80  # every run's drop-off iterations
 CL = dict(iterations=PICKUP_ITERATIONS + DROPOFF_ITERATIONS, level_steps=(PICKUP_ITERATIONS, DROPOFF_ITERATIONS))
 NO_CL = dict(iterations=DROPOFF_ITERATIONS, flags=("--curriculum_index=1",))
 RL = {
-    "Reflect-RL": RLVariant(**CL, policy="policy", reflector="reflector"),
-    "SFT+RLFT w/o reflection": RLVariant(**CL, policy="plain"),
-    "RLFT only": RLVariant(**CL),
+    REFLECT_RL: RLVariant(**CL, policy="policy", reflector="reflector"),
+    WITHOUT_REFLECTION: RLVariant(**CL, policy="plain"),
+    RLFT_ONLY: RLVariant(**CL),
     "Reflect-RL w/o curriculum": RLVariant(**NO_CL, policy="policy", reflector="reflector"),
     "SFT+RLFT w/o reflection, w/o curriculum": RLVariant(**NO_CL, policy="plain"),
 }
@@ -80,19 +90,19 @@ RECIPE = Recipe(
     name="taxi_dropoff", title="DangerousTaxi drop-off", task=TASK, data=data, sft=taxi_pickup.SFT,
     sft_streams=(("reflector",), ("policy", "plain")), rl=RL,
     # a reflecting iteration costs about twice one without: the two streams about equally long
-    rl_streams=(("Reflect-RL", "SFT+RLFT w/o reflection, w/o curriculum"),
-                ("Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection", "RLFT only")),
+    rl_streams=((REFLECT_RL, "SFT+RLFT w/o reflection, w/o curriculum"),
+                ("Reflect-RL w/o curriculum", WITHOUT_REFLECTION, RLFT_ONLY)),
     rows=ROWS, rl_flags=lambda recipe, data_dir: ["--eval_levels", DROPOFF],  # the panel plays drop-off
     evaluations={"held-out": Evaluation(lambda data_dir: _levels(DROPOFF), ((DROPOFF, "Taxi +drop-off"),)),
                  "full task": Evaluation(lambda data_dir: _levels(FULL, horizon=FULL_HORIZON),
-                                         ((FULL, "Taxi full task"),), rows=("Reflect-RL",))},
+                                         ((FULL, "Taxi full task"),), rows=(REFLECT_RL,))},
     budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
     extra={"data_episodes": DATA_EPISODES, "data_random_prob": DATA_RANDOM_PROB,
            "data_levels": [PICKUP, DROPOFF]},
     figures=(CurveFigure("dropoff_curves.png", "Taxi drop-off: validation success (the paper's Figure 4)",
-                         ("Reflect-RL", "Reflect-RL w/o curriculum", "SFT+RLFT w/o reflection",
+                         (REFLECT_RL, "Reflect-RL w/o curriculum", WITHOUT_REFLECTION,
                           "SFT+RLFT w/o reflection, w/o curriculum"), xlabel="drop-off iteration",
-                         shift=(("Reflect-RL", PICKUP_ITERATIONS), ("SFT+RLFT w/o reflection", PICKUP_ITERATIONS))),),
+                         shift=((REFLECT_RL, PICKUP_ITERATIONS), (WITHOUT_REFLECTION, PICKUP_ITERATIONS))),),
     departures=(
         ("oracle + random 0.3 (the paper: 0.9)", "from 0.5 data the drop-off policy never succeeds (validation)"),
         *(d for d in taxi_pickup.RECIPE.departures if not d[0].startswith(("pickup bonus", "oracle + random"))),

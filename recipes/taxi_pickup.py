@@ -9,7 +9,7 @@ import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
 from experiment_args import cpu_native_bf16
 from recipes.accuracy import reflector_accuracy
-from recipes.base import Evaluation, Recipe, RLVariant, SFTRole, paper_rows
+from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -34,9 +34,9 @@ SFT = {
     "plain": SFTRole("sft.jsonl", 600, 1e-3),
 }
 RL = {
-    "Reflect-RL": RLVariant(120, policy="policy", reflector="reflector"),
-    "SFT+RLFT w/o reflection": RLVariant(120, policy="plain"),
-    "RLFT only": RLVariant(120),
+    REFLECT_RL: RLVariant(120, policy="policy", reflector="reflector"),
+    WITHOUT_REFLECTION: RLVariant(120, policy="plain"),
+    RLFT_ONLY: RLVariant(120),
 }
 ROWS = paper_rows()
 BUDGET = {
@@ -73,7 +73,7 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
 RECIPE = Recipe(
     name="taxi_pickup", title="DangerousTaxi pickup", task=TASK, data=data, sft=SFT,
     sft_streams=(("reflector",), ("policy", "plain")), rl=RL,
-    rl_streams=(("Reflect-RL",), ("SFT+RLFT w/o reflection", "RLFT only")), rows=ROWS,
+    rl_streams=((REFLECT_RL,), (WITHOUT_REFLECTION, RLFT_ONLY)), rows=ROWS,
     evaluations={"held-out": Evaluation(lambda data_dir: [], (("pickup", "Taxi pickup"),))},
     budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
     extra={"data_episodes": DATA_EPISODES, "data_random_prob": DATA_RANDOM_PROB},

@@ -15,7 +15,8 @@ from tests.auto_explore_repos import build_repo
 from tests.conftest import REPO
 
 # A process that plays one AutoExplore reset (a pristine copy and an episode sandbox) in the system's
-# temporary folder ($TMPDIR), says where, then waits to be killed (or exits when told to).
+# temporary folder ($TMPDIR), says where, then waits to be killed (or, told to exit, closes once it reads a line:
+# the sandbox is still there to be checked).
 PLAYER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
@@ -26,14 +27,15 @@ PLAYER = textwrap.dedent("""
     print(env.sandbox_root, flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)
+    sys.stdin.readline()
     env.close()
 """)
 
 
 def _start(source: Path, tmp: Path, mode: str) -> tuple[subprocess.Popen, Path]:
     code = PLAYER.format(repo=str(REPO), source=str(source))
-    process = subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "TMPDIR": str(tmp)}, cwd=REPO)
+    process = subprocess.Popen([sys.executable, "-c", code, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "TMPDIR": str(tmp)}, cwd=REPO)
     sandbox = Path(process.stdout.readline().strip())
     assert sandbox.is_dir() and sandbox.is_relative_to(tmp), sandbox
     return process, sandbox
@@ -59,7 +61,8 @@ def test_a_killed_runs_sandboxes_are_removed_by_the_next_start(tmp_path):
         assert not folder.exists()
         assert _scratch_folders(tmp) == [alive_sandbox.parent]
         finished, _ = _start(source, tmp, "exit")  # ... but never a live run's
-        assert finished.wait(timeout=60) == 0
+        finished.communicate("\n", timeout=60)
+        assert finished.returncode == 0
         assert alive_sandbox.is_dir() and _scratch_folders(tmp) == [alive_sandbox.parent]
     finally:
         alive.send_signal(signal.SIGKILL)
