@@ -139,12 +139,10 @@ def _single_token_ids(tokenizer, labels) -> list[int | None]:
     token (the label's), else None. (SentencePiece tokenizers may spell a label differently
     alone; only its spelling after the marker matters.)"""
     context = tokenizer.encode(_LABEL_CONTEXT, add_special_tokens=False)
-    ids = []
-    for label in labels:
-        after = tokenizer.encode(_LABEL_CONTEXT + label, add_special_tokens=False)
-        ok = len(after) == len(context) + 1 and after[: len(context)] == context
-        ids.append(after[-1] if ok else None)
-    return ids
+    # one batch call: a fast tokenizer encodes the candidates together, as it would one by one
+    encoded = tokenizer([_LABEL_CONTEXT + label for label in labels], add_special_tokens=False)["input_ids"]
+    return [after[-1] if len(after) == len(context) + 1 and after[: len(context)] == context else None
+            for after in encoded]
 
 
 def _check_markers(tokenizer) -> None:
@@ -175,6 +173,8 @@ def label_alphabet(tokenizer) -> tuple[str, ...]:
     _check_markers(tokenizer)
     chosen, seen = [], set()
     for batch in (LABELS, tuple(_extra_candidates())):
+        if len(chosen) == len(LABELS):
+            break  # the paper's labels sufficed (the GPT-2 family)
         for label, token in zip(batch, _single_token_ids(tokenizer, batch)):
             if token is not None and token not in seen and len(chosen) < len(LABELS):
                 chosen.append(label)

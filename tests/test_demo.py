@@ -23,14 +23,18 @@ ROWS = [row.name for row in TAXI.rows]
 
 
 def scaled(recipe, sft_steps: dict, iterations: int, **budget):
-    """``recipe`` with a tiny budget: its pipeline and tables unchanged."""
+    """``recipe`` with a tiny budget: its pipeline and tables unchanged. Reflections are cut at 16 tokens
+    (a reflector of a few SFT steps writes to the cap of 100, and generating them was most of the time),
+    SFT batches at 4."""
     def shrunk(variant):  # a curriculum run keeps its levels, each with ``iterations``
         steps = tuple(iterations for _ in variant.level_steps)
         return dataclasses.replace(variant, iterations=sum(steps) or iterations, level_steps=steps)
 
     return dataclasses.replace(
         recipe, sft={role: dataclasses.replace(spec, steps=sft_steps[role]) for role, spec in recipe.sft.items()},
-        rl={name: shrunk(variant) for name, variant in recipe.rl.items()}, budget=dict(recipe.budget, **budget))
+        rl={name: shrunk(variant) for name, variant in recipe.rl.items()}, budget=dict(recipe.budget, **budget),
+        model=(*recipe.model, "--reflect_max_new_tokens=16"),
+        sft_flags=(*recipe.sft_flags, "--per_device_train_batch_size=4"))  # the later flag wins
 
 
 @pytest.fixture
