@@ -65,7 +65,9 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     # the held-out repository's tasks once each, not GENERALISATION_REPS times (its 35 tasks x 6 rows, 4 times,
     # were 2 of this test's 8 minutes)
     small = dataclasses.replace(small, evaluations={**small.evaluations, "generalisation": auto_explore.evaluation_on(
-        "holdout.json", "--eval_reps=1", "--eval_level_episodes=0")})
+        "holdout.json", "--eval_reps=1", "--eval_level_episodes=0")},
+        # prompts of 384 tokens at most (the median is 520): reading them was most of this test's time
+        model=(*small.model, "--max_seq_length=384"))
     monkeypatch.setitem(RECIPES, recipe.name, small)
     assert demo.main(["--task", "auto_explore", f"--ckpt_path={tmp_path}", "--seed", "3"]) == 0
     root = tmp_path / "demo" / "auto_explore"
