@@ -38,12 +38,11 @@ def test_sft_then_rl_then_evaluation_run_on_the_eight_bit_model(make_args, tmp_p
     import supervised_pretrain as sft
     from evaluation import evaluate
     from prompts import policy_sft_text
+    from tests.test_sft import HEAD, OBS  # the SFT tests' Taxi observation
     from utils import checkpoints, metrics
 
-    head = "The actions you can take now is:"
-    obs = f"--- Current State ---\n+---+\n|T P|\n+---+\n{head}\n0. Move south\n1. Move north\n2. Move east\n"
     task_file = tmp_path / "sft.jsonl"
-    task_file.write_text("".join(json.dumps({"text": policy_sft_text(obs, head, str(i % 3))}) + "\n"
+    task_file.write_text("".join(json.dumps({"text": policy_sft_text(OBS, HEAD, str(i % 3))}) + "\n"
                                  for i in range(16)))
     assert sft.main(make_args(task_file=str(task_file), max_steps=4, save_steps=4, logging_steps=2,
                               per_device_train_batch_size=4, optim="paged_adamw_32bit")) == 0
