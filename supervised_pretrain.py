@@ -60,26 +60,39 @@ def read_texts(task_file: str | None) -> list[str]:
 
 def encode_example(tokenizer, text: str, max_seq_length: int, reflect: bool | None) -> dict | None:
     """Token ids and labels (-100 on the prompt); None if even the completion does not fit."""
-    start = completion_start(text)
-    marker = ANALYZE_MARKER if text[:start].endswith(ANALYZE_MARKER) else ACTION_MARKER
-    if reflect is not None and (marker == ANALYZE_MARKER) != reflect:
-        wanted = "a reflection after" if reflect else "a label after"
-        raise UsageError(f"--reflect={reflect}: expected {wanted} the last marker, got text ending {text[-120:]!r}")
+    return encode_examples(tokenizer, [text], max_seq_length, reflect)[0]
+
+
+def encode_examples(tokenizer, texts: list[str], max_seq_length: int, reflect: bool | None) -> list[dict | None]:
+    """:func:`encode_example` of each text, tokenised in two batch calls (a third of the time of one call
+    per text)."""
+    starts = [completion_start(text) for text in texts]
+    markers = []
+    for text, start in zip(texts, starts):
+        marker = ANALYZE_MARKER if text[:start].endswith(ANALYZE_MARKER) else ACTION_MARKER
+        if reflect is not None and (marker == ANALYZE_MARKER) != reflect:
+            wanted = "a reflection after" if reflect else "a label after"
+            raise UsageError(f"--reflect={reflect}: expected {wanted} the last marker, got text ending {text[-120:]!r}")
+        markers.append(marker)
     # Markers end at a token boundary (checked by the loader): the text's tokens are the prompt's, then the
     # completion's. (Tokenising the completion alone could differ: SentencePiece adds a leading space.)
-    prompt = tokenizer(text[:start], add_special_tokens=False)["input_ids"]
-    whole = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if whole[: len(prompt)] != prompt:
-        raise UsageError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker with the completion in "
-                         f"{text[start - 40:start + 40]!r}")
-    completion = whole[len(prompt):]
-    if marker == ANALYZE_MARKER:
-        completion = completion + [tokenizer.eos_token_id]
-    room = max_seq_length - len(completion)
-    if room < 1:
-        return None
-    prompt = prompt[-room:]
-    return {"input_ids": prompt + completion, "labels": [IGNORE] * len(prompt) + completion}
+    prompts = tokenizer([text[:start] for text, start in zip(texts, starts)], add_special_tokens=False)["input_ids"]
+    wholes = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    examples = []
+    for text, start, marker, prompt, whole in zip(texts, starts, markers, prompts, wholes):
+        if whole[: len(prompt)] != prompt:
+            raise UsageError(f"tokenizer {tokenizer_name(tokenizer)!r} merges the marker with the completion in "
+                             f"{text[start - 40:start + 40]!r}")
+        completion = whole[len(prompt):]
+        if marker == ANALYZE_MARKER:
+            completion = completion + [tokenizer.eos_token_id]
+        room = max_seq_length - len(completion)
+        if room < 1:
+            examples.append(None)
+            continue
+        prompt = prompt[-room:]
+        examples.append({"input_ids": prompt + completion, "labels": [IGNORE] * len(prompt) + completion})
+    return examples
 
 
 class PadCollator:
@@ -140,7 +153,7 @@ def build_dataset(args, tokenizer, texts: list[str]):
     from datasets import Dataset
 
     check_data_labels(args, tokenizer, texts)
-    examples = [encode_example(tokenizer, t, args.max_seq_length, args.reflect) for t in texts]
+    examples = encode_examples(tokenizer, texts, args.max_seq_length, args.reflect)
     kept = [e for e in examples if e is not None]
     if len(kept) < len(examples):
         logger.warning("%d of %d texts dropped: their completion alone exceeds --max_seq_length=%d",

@@ -161,11 +161,12 @@ class AutoExploreEnv(TextEnv):
         def leave_out(rel: str, is_dir: bool) -> bool:
             if any(target.startswith(rel) for target in targets):
                 return False
-            return self.leaveout_prob > 0 and self.np_random.random() < self.leaveout_prob
+            return self.np_random.random() < self.leaveout_prob
 
         if self._sandbox is not None:
             self._sandbox.close()
-        self._sandbox = Sandbox(root, leave_out=leave_out, parent=self.sandbox_dir, view_tokens=self.view_tokens)
+        self._sandbox = Sandbox(root, leave_out=leave_out if self.leaveout_prob > 0 else None,
+                                parent=self.sandbox_dir, view_tokens=self.view_tokens)
         self.task = task
         self._targets = targets
         self._root = root

@@ -12,9 +12,9 @@ evaluation) can only read, list and move inside that copy:
 * files are opened with ``O_NOFOLLOW`` and read up to a byte bound.
 
 Copies come in two layers. :func:`pristine_copy` copies a source repository once per
-process (cached, removed at exit). :class:`Sandbox` is one episode's view: a hard-link
-tree of the pristine copy, optionally with entries left out, removed on ``close()``. Both
-live in the process's scratch folder (``envs/scratch.py``), which the next start removes
+process (cached, removed at exit). :class:`Sandbox` is one episode's view: the pristine
+copy itself, or, when entries are left out, a hard-link tree of it removed on ``close()``.
+Both live in the process's scratch folder (``envs/scratch.py``), which the next start removes
 if the process was killed before it could.
 
 This module holds :class:`Sandbox`, the command interpreter, and the file views its
@@ -144,10 +144,14 @@ def _error(message: str) -> CommandResult:
 
 
 class Sandbox:
-    """One episode's disposable copy of a repository, with a current directory.
+    """One episode's view of a repository, with a current directory.
 
-    ``leave_out`` is passed to :func:`link_tree`. The copy is removed by :meth:`close`
-    (safe to call twice) or, failing that, when the object is collected or at exit.
+    With ``leave_out`` (passed to :func:`link_tree`) the view is a copy of its own, removed by
+    :meth:`close` (safe to call twice) or, failing that, when the object is collected or at exit.
+    Without it the view is the process's pristine copy itself: no command writes, and an episode
+    copy's files are hard links to the pristine ones anyway, so a copy with nothing left out would
+    only repeat its folders (it was most of an AutoExplore reset's time); ``close`` then only ends
+    the view.
     """
 
     COMMANDS = ("cd", "ls", "cat", "head", "tail", "id")
@@ -158,10 +162,14 @@ class Sandbox:
             raise ValueError(f"view_tokens must be >= 1, got {view_tokens}")
         self.view_tokens = view_tokens  # the most (approximate) tokens a cat/head/tail shows
         pristine = pristine_copy(source, parent)
-        # Next to the pristine copy (one file system, for the hard links).
-        self.root = tempfile.mkdtemp(prefix="auto_explore_episode_", dir=os.path.dirname(pristine))
-        self._closer = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
-        link_tree(pristine, self.root, leave_out)
+        if leave_out is None:
+            self.root = pristine
+            self._closer = weakref.finalize(self, lambda: None)
+        else:
+            # Next to the pristine copy (one file system, for the hard links).
+            self.root = tempfile.mkdtemp(prefix="auto_explore_episode_", dir=os.path.dirname(pristine))
+            self._closer = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
+            link_tree(pristine, self.root, leave_out)
         self.cwd = ""
 
     def close(self) -> None:

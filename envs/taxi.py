@@ -27,6 +27,7 @@ not merely whether it got solved, as a played-out episode almost always is.
 """
 
 import copy
+import functools
 from collections import deque
 
 import gymnasium
@@ -64,6 +65,15 @@ you may not ends the game at once with a big penalty.
 """
 
 
+@functools.cache
+def _gymnasium_taxi() -> gymnasium.Env:
+    """gymnasium's deterministic Taxi, built once per process: its constructor spends about 20 ms on the
+    transition table ``P`` (500 states x 6 actions), which is never written, so every environment shares
+    it through a shallow copy; the state, last action and RNG are each copy's own from its first seeded
+    reset (``_reset`` always seeds it)."""
+    return gymnasium.make("Taxi-v4", is_rainy=False, fickle_passenger=False).unwrapped
+
+
 def curriculum_at(index: int | None) -> str:
     """The stage ``--curriculum_index`` names; without one, the paper's task without a curriculum."""
     return PLAIN if index is None else CURRICULA[index]
@@ -92,7 +102,7 @@ class DangerousTaxiEnv(TextEnv):
         self.with_history = with_history
         self.danger_on_first_step = danger_on_first_step
         self.depot_letters = depot_letters
-        self._taxi = gymnasium.make("Taxi-v4", is_rainy=False, fickle_passenger=False).unwrapped
+        self._taxi = copy.copy(_gymnasium_taxi())  # its own state, the process's transition table
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
                          text_layout=text_layout, first_step=first_step, oracle_completion=oracle_completion)
         self.state = 0

@@ -211,15 +211,22 @@ def test_leave_out_keeps_the_path_to_the_target(repo):
 
 
 def test_episode_copies_are_removed(repo):
-    env = make_env(repo)
+    """A training episode's copy (entries left out) is its own, removed at the next reset and at close;
+    without leave-out every episode reads the process's pristine copy, which the process keeps."""
+    env = make_env(repo, leaveout_prob=0.5)
     env.reset(seed=0)
     first = env.sandbox_root
     env.reset(seed=1)
-    assert not os.path.exists(first) and os.path.isdir(env.sandbox_root)
+    assert not os.path.exists(first) and os.path.isdir(env.sandbox_root) and first != env.sandbox_root
     second = env.sandbox_root
     env.close()
     env.close()
     assert not os.path.exists(second)
+    whole = make_env(repo)
+    whole.reset(seed=0)
+    assert whole.sandbox_root == pristine_copy(repo)
+    whole.close()
+    assert os.path.isdir(pristine_copy(repo))
 
 
 # --- file views ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.auto_explore import ERROR_COST, STEP_COST, AutoExploreEnv
-from envs.sandbox import Sandbox
+from envs.sandbox import Sandbox, pristine_copy
 from envs.sandbox_paths import is_safe_name, printable, quote_path
 
 SECRET = "TOPSECRET-9f2c41d7"
@@ -148,10 +148,11 @@ def commands(tmp_path):
     return st.lists(st.one_of(joined, climbing, st.text(max_size=40)), min_size=1, max_size=12)
 
 
-def test_hostile_commands_stay_inside(hostile, no_hang):
+@pytest.mark.parametrize("leaveout_prob", [0.0, 0.5], ids=["the pristine view", "an episode copy"])
+def test_hostile_commands_stay_inside(hostile, no_hang, leaveout_prob):
     tmp_path, repo = hostile
     before = snapshot(tmp_path)
-    env = make_env(repo)
+    env = make_env(repo, leaveout_prob=leaveout_prob)
     env.reset(seed=0)
     episode_root = env.sandbox_root
     seen_commands = []
@@ -179,7 +180,8 @@ def test_hostile_commands_stay_inside(hostile, no_hang):
     check()
     env.close()
     assert len(seen_commands) > 500
-    assert not os.path.exists(episode_root) and not os.path.exists(env.sandbox_root)
+    # an episode copy is removed at the next reset and at close; the pristine view stays for the process
+    assert os.path.exists(episode_root) == os.path.exists(env.sandbox_root) == (leaveout_prob == 0)
     assert snapshot(tmp_path) == before
 
 
@@ -283,10 +285,17 @@ def test_unsafe_names(tmp_path):
 
 
 def test_sandbox_closes_once_and_cleans_up(hostile):
+    """A view that leaves entries out is a copy of its own, removed on close; one that leaves nothing out
+    is the process's pristine copy, which stays for the next episode."""
     _, repo = hostile
-    box = Sandbox(repo)
+    box = Sandbox(repo, leave_out=lambda rel, is_dir: rel == "src")
     root = box.root
-    assert os.path.isdir(root) and not box.closed
+    assert os.path.isdir(root) and not box.closed and root != pristine_copy(repo)
+    assert "src/" not in box.listing() and "src/" in Sandbox(repo).listing()
     box.close()
     box.close()
     assert box.closed and not os.path.exists(root)
+    whole = Sandbox(repo)
+    assert whole.root == pristine_copy(repo)
+    whole.close()
+    assert whole.closed and os.path.isdir(pristine_copy(repo))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import supervised_pretrain as sft
-from prompts import ACTION_MARKER, ANALYZE_MARKER, policy_sft_text, reflection_sft_text
+from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_sft_text, reflection_sft_text
 from utils import checkpoints, metrics, models
 
 HEAD = "The actions you can take now is:"
@@ -95,3 +95,18 @@ def test_resume_continues_the_step_count(make_args, tmp_path):
                               resume_from=str(first / "checkpoint-2"))) == 0
     second = tmp_path / "results" / "2_supervised_pretrain"
     assert sorted(p.name for p in second.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+
+
+
+def test_a_batch_is_encoded_as_each_text_alone(tiny_tokenizer):
+    """The batch tokeniser calls give each text the ids a call on that text alone gives."""
+    texts = [reflection_sft_text(OBS, HEAD, "Head east, then south."), policy_sft_text(OBS, HEAD, "1"),
+             reflection_sft_text(OBS, HEAD, "word " * 100), policy_sft_text(OBS + " more", HEAD, "3")]
+    examples = sft.encode_examples(tiny_tokenizer, texts, 1024, None)
+    for text, example in zip(texts, examples):
+        alone = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt = tiny_tokenizer(text[:completion_start(text)], add_special_tokens=False)["input_ids"]
+        reflection = text[:completion_start(text)].endswith(ANALYZE_MARKER)
+        assert example["input_ids"] == alone + ([tiny_tokenizer.eos_token_id] if reflection else [])
+        assert example["labels"] == [-100] * len(prompt) + example["input_ids"][len(prompt):]
+    assert sft.encode_examples(tiny_tokenizer, texts, 20, None)[2] is None  # its completion alone is too long

@@ -247,3 +247,29 @@ def test_bad_curriculum_is_named():
         make_env("taxi", curriculum="fly")
     with pytest.raises(ValueError, match="unknown environment"):
         make_env("chess")
+
+
+
+MOVES = (0, 2, 1, 3, 0, 0, 2, 2)
+
+
+def test_environments_share_gymnasiums_table_and_nothing_else():
+    """One transition table per process (building it was most of an environment's construction); each
+    environment's state stays its own: two played in alternation give what each gives alone."""
+    first, second = DangerousTaxiEnv(), DangerousTaxiEnv()
+    assert first._taxi.P is second._taxi.P and first._taxi is not second._taxi
+    assert first._taxi.P == _raw_taxi().P
+
+    def play(envs_and_seeds):
+        traces = [[env.reset(seed=seed)[0]] for env, seed in envs_and_seeds]
+        done = [False] * len(traces)
+        for action in MOVES:
+            for i, (env, _) in enumerate(envs_and_seeds):
+                if not done[i]:
+                    obs, reward, terminated, truncated, _ = env.step(action)
+                    traces[i].append((obs, reward))
+                    done[i] = terminated or truncated
+        return traces
+
+    alone = play([(DangerousTaxiEnv(), 3)]) + play([(DangerousTaxiEnv(), 4)])
+    assert play([(first, 3), (second, 4)]) == alone and alone[0] != alone[1]
