@@ -5,8 +5,8 @@ system's temporary folder, or ``--sandbox_dir``), into the process's scratch fol
 (``envs/scratch.py``: removed at exit, or by the next start if the process was killed): only
 regular files and directories with safe names (:func:`~envs.sandbox_paths.is_safe_name`),
 read with ``O_NOFOLLOW`` up to :data:`MAX_COPY_BYTES` and written read-only.
-:func:`link_tree` builds one episode's copy as a hard-link tree of it, optionally leaving
-entries out.
+:func:`link_tree` builds the copy of an episode that leaves entries out: a hard-link tree of the
+pristine copy without them (an episode that leaves nothing out reads the pristine copy itself).
 """
 
 import logging
