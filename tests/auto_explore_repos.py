@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 from envs.auto_explore import AutoExploreEnv
-from experiment_args import ScriptArguments
 
 
 def write(path, text: str | bytes = "x\n") -> None:
@@ -130,7 +129,11 @@ def build_repos(root):
 SEED = 7  # the data pipeline tests' seed
 
 
-def make(**overrides) -> ScriptArguments:
+def make(**overrides):
+    """The data scripts' arguments (imported here: the sandbox tests' player processes need this module
+    without torch and transformers, 3 s a start)."""
+    from experiment_args import ScriptArguments
+
     values = {"model_name": "tiny-gpt2", "seed": SEED, "api": "oracle"}
     values.update({k: str(v) if hasattr(v, "__fspath__") else v for k, v in overrides.items()})
     return ScriptArguments(**values)
