@@ -22,6 +22,12 @@ from utils.checkpoints import run_dirs
 ROWS = [row.name for row in TAXI.rows]
 
 
+# The end-to-end tests run a seed's stages in this process: pytest-xdist keeps the cores busy already, and a
+# stage process starts by importing torch and transformers again (seconds each, several per seed). The
+# plumbing test below runs one seed in two processes as well.
+ONE_PROCESS = ("--workers", "1")
+
+
 def scaled(recipe, sft_steps: dict, iterations: int, **budget):
     """``recipe`` with a tiny budget: its pipeline and tables unchanged. Reflections are cut at 16 tokens
     (a reflector of a few SFT steps writes to the cap of 100, and generating them was most of the time),
@@ -70,7 +76,7 @@ def _training_seeds(folder) -> set[int]:
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     # in one process, so that the evaluations' episodes are recorded; "b" below runs side by side
-    assert demo.main([f"--ckpt_path={tmp_path / 'a'}", "--seeds", "0", "1", "--workers", "1"]) == 0
+    assert demo.main([f"--ckpt_path={tmp_path / 'a'}", "--seeds", "0", "1", *ONE_PROCESS]) == 0
     root = tmp_path / "a" / "demo"
     report = (root / "results.md").read_text()
     summary = [line for line in report.splitlines() if line.startswith("| ") and " | mean | " not in line
@@ -248,7 +254,8 @@ def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys, monkeypatch):
 def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monkeypatch):
     recipe = RECIPES[TAXI.name]
     monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(recipe, budget=dict(recipe.budget, rl_batch=8)))
-    assert demo.main([f"--ckpt_path={tmp_path}", "--learners", "pg", "refuel", "gigpo", "--reflection", "with"]) == 0
+    assert demo.main([f"--ckpt_path={tmp_path}", "--learners", "pg", "refuel", "gigpo", "--reflection", "with",
+                      *ONE_PROCESS]) == 0
     root = tmp_path / "demo" / "taxi_pickup-learners"
     learners = ["pg, with reflection", "refuel, with reflection", "gigpo, with reflection"]
     rows = [r["name"] for r in json.loads((root / "results.json").read_text())["0"]["results"]]

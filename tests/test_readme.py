@@ -27,7 +27,9 @@ from utils.paths import SHARED_DIR, smollm2_gguf
 
 TINY = ["--model_name=tiny-gpt2"]
 OVERRIDES = {
-    "supervised_pretrain.py": [*TINY, "--max_steps=2", "--save_steps=2", "--logging_steps=1"],
+    # AutoExplore's texts run to 1,500 tokens: two steps of 4 of them at full length took 8 s
+    "supervised_pretrain.py": [*TINY, "--max_steps=2", "--save_steps=2", "--logging_steps=1",
+                               "--per_device_train_batch_size=2", "--max_seq_length=512"],
     "rl_finetune.py": [*TINY, "--max_steps=2", "--save_steps=1", "--per_device_eval_batch_size=2",
                        "--reflect_max_new_tokens=8", "--horizon=4"],
     "evaluation.evaluate": [*TINY, "--eval_reps=1", "--per_device_eval_batch_size=4", "--reflect_max_new_tokens=8",

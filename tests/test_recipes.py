@@ -57,7 +57,7 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     import dataclasses
 
     from recipes import auto_explore
-    from tests.test_demo import scaled
+    from tests.test_demo import ONE_PROCESS, scaled
 
     recipe = RECIPES["auto_explore"]
     small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=2,
@@ -69,7 +69,7 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
         # prompts of 384 tokens at most (the median is 520): reading them was most of this test's time
         model=(*small.model, "--max_seq_length=384"))
     monkeypatch.setitem(RECIPES, recipe.name, small)
-    assert demo.main(["--task", "auto_explore", f"--ckpt_path={tmp_path}", "--seed", "3"]) == 0
+    assert demo.main(["--task", "auto_explore", f"--ckpt_path={tmp_path}", "--seed", "3", *ONE_PROCESS]) == 0
     root = tmp_path / "demo" / "auto_explore"
     run = json.loads((root / "results.json").read_text())["3"]
     assert [r["name"] for r in run["results"]] == [row.name for row in recipe.rows]
@@ -116,14 +116,14 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
     import dataclasses
 
     from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
-    from tests.test_demo import scaled
+    from tests.test_demo import ONE_PROCESS, scaled
     from utils import checkpoints, metrics
 
     recipe = RECIPES["taxi_dropoff"]
     small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_episodes=4, panel_every=1, panel_episodes=2,
                    accuracy_episodes=2)
     monkeypatch.setitem(RECIPES, recipe.name, dataclasses.replace(small, extra=dict(recipe.extra, data_episodes=10)))
-    assert demo.main(["--task", "taxi_dropoff", f"--ckpt_path={tmp_path}", "--seed", "1"]) == 0
+    assert demo.main(["--task", "taxi_dropoff", f"--ckpt_path={tmp_path}", "--seed", "1", *ONE_PROCESS]) == 0
     root = tmp_path / "demo" / "taxi_dropoff"
     results = json.loads((root / "results.json").read_text())["1"]["results"]
     assert [r["name"] for r in results] == [row.name for row in recipe.rows]
@@ -209,7 +209,7 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
     import shutil
 
     from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
-    from tests.test_demo import scaled
+    from tests.test_demo import ONE_PROCESS, scaled
     from utils import checkpoints
     from utils.paths import SHARED_DIR
 
@@ -227,7 +227,7 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
                  "--horizon=6" if flag.startswith("--horizon") else flag for flag in recipe.task)
     monkeypatch.setitem(RECIPES, recipe.name, dataclasses.replace(small, task=task,
                                                                   extra=dict(recipe.extra, data_episodes=3)))
-    assert demo.main(["--task", "alfworld", f"--ckpt_path={tmp_path}", "--seed", "0"]) == 0
+    assert demo.main(["--task", "alfworld", f"--ckpt_path={tmp_path}", "--seed", "0", *ONE_PROCESS]) == 0
     results = json.loads((tmp_path / "demo" / "alfworld" / "results.json").read_text())["0"]["results"]
     assert [r["name"] for r in results] == [row.name for row in recipe.rows]
     family = "pick_and_place_simple-Tomato-None-Microwave"
