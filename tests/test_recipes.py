@@ -60,7 +60,8 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     from tests.test_demo import ONE_PROCESS, scaled
 
     recipe = RECIPES["auto_explore"]
-    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=2,
+    # the validation panel (44 tasks) at the first iteration only: at every other it was most of RL's episodes
+    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=4,
                    accuracy_episodes=1, eval_batch=8)
     # the held-out repository's tasks once each, not GENERALISATION_REPS times (its 35 tasks x 6 rows, 4 times,
     # were 2 of this test's 8 minutes)
