@@ -1,13 +1,14 @@
 """Peak memory of one RL iteration (rollout with reflection, the PG learner's update) per batch size.
 
-    python -m benchmarks.rl_memory [--model_name tiny-gpt2] [--reflect_max_new_tokens 40]
+    python -m benchmarks.rl_memory [--model_name tiny-gpt2] [--reflect_max_new_tokens 40] [--batches 1 8 32]
 
-Each batch size (1, 8, 32 parallel Taxi episodes) runs in a fresh process, so peaks do
-not mix. On CUDA the figure is ``torch.cuda.max_memory_allocated``; on a CPU it is the
+Each batch size (``--batches``, parallel Taxi episodes; default 1, 8 and 32) runs in a fresh
+process, so peaks do not mix. On CUDA the figure is ``torch.cuda.max_memory_allocated``; on a CPU it is the
 growth of the process's peak resident memory during the iteration (after the models are
 loaded). Printed as a table, with the size of the loaded models for reference.
 """
 
+import argparse
 import multiprocessing
 import resource
 import sys
@@ -65,9 +66,14 @@ def _result(queue, worker, batch: int):
 
 
 def main(argv: list[str]) -> int:
+    cli = argparse.ArgumentParser(prog="python -m benchmarks.rl_memory", add_help=False)
+    cli.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    options, argv = cli.parse_known_args(argv)
+    if min(options.batches) < 1:
+        cli.error(f"--batches: each at least 1, got {options.batches}")
     context = multiprocessing.get_context("spawn")
     rows = []
-    for batch in BATCHES:
+    for batch in options.batches:
         queue = context.Queue()
         worker = context.Process(target=_iteration, args=(argv, batch, queue))
         worker.start()

@@ -247,3 +247,11 @@ def test_an_unexpected_exception_keeps_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(torch, "manual_seed", lambda seed: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         run_script(rl_finetune.main, RL)
+
+
+def test_the_memory_benchmark_refuses_an_empty_batch(capsys):
+    from benchmarks import rl_memory
+
+    with pytest.raises(SystemExit) as stop:
+        rl_memory.main(["--batches", "8", "0"])
+    assert stop.value.code == 2 and "--batches: each at least 1, got [8, 0]" in capsys.readouterr().err

@@ -43,7 +43,7 @@ OVERRIDES = {
     "benchmarks.env_speed": ["--runs=2"],
     "benchmarks.enumeration": ["--runs=3"],
     "benchmarks.rollout_throughput": ["--reflect_max_new_tokens=4"],
-    "benchmarks.rl_memory": ["--reflect_max_new_tokens=4"],
+    "benchmarks.rl_memory": ["--reflect_max_new_tokens=4", "--batches", "1", "8"],
     "benchmarks.rl_iteration": ["--max_steps=2", "--per_device_eval_batch_size=2", "--reflect_max_new_tokens=4"],
     "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
 }
