@@ -1,8 +1,10 @@
 """The API backends against a local OpenAI-compatible server: answers, retries, errors, cache."""
 
+import itertools
 import json
 import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -202,7 +204,17 @@ def test_base_url_is_used_with_api_openai(make_args, monkeypatch):
 
 @pytest.mark.parametrize("limit", [1, 3, 8])
 def test_complete_many_keeps_order_and_the_concurrency_limit(limit):
-    with OpenAIServer(lambda body: (200, "echo " + body["messages"][0]["content"]), delay=0.05) as server:
+    # The first `limit` requests are answered only once all of them are in flight (a fixed delay left this to
+    # the scheduler: on a loaded machine 7 of 8 overlapped); a client that never sends that many breaks the wait.
+    together = threading.Barrier(limit, timeout=30)
+    first = itertools.count()
+
+    def echo(body):
+        if next(first) < limit:
+            together.wait()
+        return 200, "echo " + body["messages"][0]["content"]
+
+    with OpenAIServer(echo, delay=0.05) as server:
         client = ChatClient("local", "m", base_url=server.url, max_concurrency=limit)
         chats = [[{"role": "user", "content": str(i)}] for i in range(16)]
         assert client.complete_many(chats) == [f"echo {i}" for i in range(16)]
