@@ -204,7 +204,7 @@ def main(args) -> int:
     seconds = result.metrics.get("train_runtime", float("nan")) / max(files.steps_done, 1)
     print(f"[supervised_pretrain] {seconds:.2f} s per step, {metrics.peak_memory()}", flush=True)
     print(f"[supervised_pretrain] trained {trainer.state.global_step} steps on {len(dataset)} texts, "
-          f"final loss {result.training_loss:.4f}; adapter: {final}", flush=True)
+          f"final loss {result.training_loss:.4f}; {'adapter' if args.use_peft else 'model'}: {final}", flush=True)
     return 0
 
 

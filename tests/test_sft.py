@@ -86,15 +86,19 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_adapter(make_args, tmp_p
     assert base_mass < 0.01 and tuned_mass > 0.3  # the adapter learned to answer with a label
 
 
-def test_resume_continues_the_step_count(make_args, tmp_path):
+def test_resume_continues_the_step_count(make_args, tmp_path, capsys):
     texts = [policy_sft_text(OBS, HEAD, "0")] * 8
     task_file = _write(tmp_path / "sft.jsonl", texts)
     assert sft.main(make_args(task_file=task_file, max_steps=4, save_steps=2)) == 0
+    assert "; adapter: " in capsys.readouterr().out  # LoRA, the default
     (first,) = (tmp_path / "results").glob("*_supervised_pretrain")
     assert sft.main(make_args(task_file=task_file, max_steps=6, save_steps=2,
                               resume_from=str(first / "checkpoint-2"))) == 0
     second = tmp_path / "results" / "2_supervised_pretrain"
     assert sorted(p.name for p in second.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    capsys.readouterr()
+    assert sft.main(make_args(task_file=task_file, max_steps=1, save_steps=1, use_peft=False)) == 0
+    assert "; model: " in capsys.readouterr().out  # the whole model: the final line does not call it an adapter
 
 
 
