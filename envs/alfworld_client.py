@@ -8,7 +8,9 @@ finalizer: it stops the worker and deletes the env's scratch folder.
 
 import logging
 import multiprocessing
+import os
 import shutil
+import threading
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -16,9 +18,13 @@ from envs.alfworld_worker import serve
 
 logger = logging.getLogger(__name__)
 
-# Importing textworld and alfworld in a fresh worker takes 1-3 s; a game's timeout should
+# Importing textworld and alfworld in a fresh worker takes 1-3 s of CPU; a game's timeout should
 # not be spent on it.
 STARTUP_TIMEOUT = 120.0
+# Workers start at most one a core at a time in a process: an evaluation's batch of 16 environments
+# started its 16 workers at once, and beside a second such process on 2 cores one of 32 waited past
+# the timeout. The timeout then counts from a worker's own turn.
+_STARTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
 
 
 class _GameFailure(Exception):
@@ -50,6 +56,23 @@ class _Worker:
         return self.process is not None and self.process.is_alive()
 
     def start(self) -> None:
+        with _STARTS:
+            self.process, self.conn = self._spawn()
+            try:
+                answer = self._receive(STARTUP_TIMEOUT)
+            except _GameFailure as failure:
+                raise RuntimeError(
+                    f"the ALFWorld worker did not start: {failure.reason}. It is a spawned process, which "
+                    "imports the main script again: a script that builds ALFWorldEnv must run it under "
+                    "`if __name__ == \"__main__\":`"
+                ) from None
+        if answer[0] != "ready":
+            self.kill()
+            raise RuntimeError(f"the ALFWorld worker did not start: {answer[1]}\n{answer[2]}")
+        logger.debug("ALFWorld worker started (pid %s)", self.process.pid)
+
+    def _spawn(self) -> tuple:
+        """The worker process, started, and our end of its pipe."""
         # "spawn", not fork: the parent may hold torch threads and CUDA state.
         context = multiprocessing.get_context("spawn")
         conn, child_conn = context.Pipe()
@@ -58,19 +81,7 @@ class _Worker:
         process.start()
         # Closing our copy of the child's end is what lets a dead worker read as EOF here.
         child_conn.close()
-        self.process, self.conn = process, conn
-        try:
-            answer = self._receive(STARTUP_TIMEOUT)
-        except _GameFailure as failure:
-            raise RuntimeError(
-                f"the ALFWorld worker did not start: {failure.reason}. It is a spawned process, which "
-                "imports the main script again: a script that builds ALFWorldEnv must run it under "
-                "`if __name__ == \"__main__\":`"
-            ) from None
-        if answer[0] != "ready":
-            self.kill()
-            raise RuntimeError(f"the ALFWorld worker did not start: {answer[1]}\n{answer[2]}")
-        logger.debug("ALFWorld worker started (pid %s)", self.process.pid)
+        return process, conn
 
     def request(self, message: tuple, timeout: float) -> dict:
         """Send ``message`` and wait at most ``timeout`` seconds for the game's state."""

@@ -311,6 +311,43 @@ def test_close_and_garbage_collection_stop_the_worker(tmp_path):
     assert _gone(pid) and not scratch.exists()
 
 
+def test_workers_start_one_a_core_at_a_time(tmp_path, monkeypatch):
+    """A batch's environments start their workers at once; at most one a core (here 2) is starting at any
+    time, so that none waits past the start timeout behind the others (an evaluation beside another on 2
+    cores lost a row that way)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from envs import alfworld_client
+
+    starting, most, lock = 0, 0, threading.Lock()
+
+    def spawn(worker):
+        nonlocal starting, most
+        with lock:
+            starting += 1
+            most = max(most, starting)
+        return SimpleNamespace(pid=0), None
+
+    def receive(worker, timeout):
+        nonlocal starting
+        time.sleep(0.05)  # importing textworld
+        with lock:
+            starting -= 1
+        return ("ready",)
+
+    monkeypatch.setattr(alfworld_client, "_STARTS", threading.BoundedSemaphore(2))
+    monkeypatch.setattr(alfworld_client._Worker, "_spawn", spawn)
+    monkeypatch.setattr(alfworld_client._Worker, "_receive", receive)
+    workers = [alfworld_client._Worker(tmp_path) for _ in range(8)]
+    with ThreadPoolExecutor(len(workers)) as pool:
+        for started in [pool.submit(worker.start) for worker in workers]:
+            started.result()  # raises what a start raised
+    assert most == 2 and all(worker.process is not None for worker in workers)
+
+
 @pytest.mark.slow
 def test_real_game_oracle_wins():
     env = ALFWorldEnv(data_root=TOMATO, split="train", horizon=50)
