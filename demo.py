@@ -20,7 +20,9 @@ reasons. Per training seed the runner plays it the same way for every column:
 
 Independent stages run side by side in ``--workers`` processes (2), each stage's output in ``seed-N/logs/``.
 A seed that finished with the same settings is read back from its ``finished.json`` instead of run again,
-so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds.
+so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds. A seed that stopped part-way (killed, or a stage
+failed) resumes with the same settings: its data and every stage that finished (``logs/<stage>.done.json``)
+are kept, and the rest runs again.
 
 Everything lands in ``results/demo/`` (Taxi pickup) or ``results/demo/<task>/`` (``--ckpt_path DIR``:
 ``DIR/demo/...``): ``seed-N/`` per seed, and ``results.md`` over the seeds. The model is the offline
@@ -62,6 +64,7 @@ SEED = 0
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
 ALL = "all"  # --task all: every recipe, and the paper's table over them
 FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
+STARTED = "started.json"  # in a seed's folder while it runs: the settings it was started with
 
 
 def say(message: str) -> None:
@@ -100,10 +103,29 @@ def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     seconds = {}
     for stage in stages:
-        tic = time.time()
-        with _output_to(stage.log):
-            call(importlib.import_module(stage.module).main, stage.argv)
-        seconds[stage.name] = time.time() - tic
+        seconds[stage.name] = once(stage.log.with_name(stage.log.stem + ".done.json"), [stage.module, *stage.argv],
+                                   lambda stage=stage: _run_logged(stage))
+    return seconds
+
+
+def _run_logged(stage: Stage) -> None:
+    with _output_to(stage.log):
+        call(importlib.import_module(stage.module).main, stage.argv)
+
+
+def once(marker: Path, what: list[str], work) -> float:
+    """Run ``work`` unless ``marker`` says that the same ``what`` (a stage's command) finished before;
+    its seconds, then or now. The marker is written when ``work`` returns, so a stage that was killed or
+    failed runs again when its seed resumes."""
+    if marker.is_file():
+        done = json.loads(marker.read_text(encoding="utf-8"))
+        if done.get("what") == what:
+            say(f"{marker.name[:-len('.done.json')]}: finished by an earlier run ({done['seconds']:.0f} s), kept")
+            return float(done["seconds"])
+    tic = time.time()
+    work()
+    seconds = time.time() - tic
+    write_json(marker, {"what": what, "seconds": seconds})
     return seconds
 
 
@@ -224,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int) -> dict:
     """A seed's results: read back from ``folder/finished.json`` if an earlier run of the same
     settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run."""
-    done = folder / FINISHED
+    done, started = folder / FINISHED, folder / STARTED
     settings = json.loads(json.dumps(recipe.settings()))
     if done.is_file():
         saved = json.loads(done.read_text(encoding="utf-8"))
@@ -232,10 +254,19 @@ def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int) -> di
             say(f"seed {seed}: finished earlier with the same settings, results read from {done}")
             return saved["run"]
         say(f"seed {seed}: {done} was made with other settings; running the seed again")
+    elif started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("settings") == settings:
+        say(f"seed {seed}: an unfinished run with the same settings is resumed: its finished stages are kept")
+        return _run_and_keep(recipe, seed, folder, workers, settings)
     if folder.exists():
-        shutil.rmtree(folder)  # a half-finished or outdated seed starts clean: no stale runs mix in
+        shutil.rmtree(folder)  # an outdated seed, or one of other settings, starts clean: no stale runs mix in
+    folder.mkdir(parents=True)
+    write_json(started, {"settings": settings})
+    return _run_and_keep(recipe, seed, folder, workers, settings)
+
+
+def _run_and_keep(recipe: Recipe, seed: int, folder: Path, workers: int, settings: dict) -> dict:
     run = run_seed(recipe, seed, folder, workers)
-    write_json(done, {"settings": settings, "run": run})
+    write_json(folder / FINISHED, {"settings": settings, "run": run})
     return run
 
 
@@ -254,7 +285,9 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
         say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
 
     # --- 1. data
-    timed("data generation (oracle writer)", lambda: [call(main, argv) for main, argv in recipe.data(recipe, seed, data)])
+    steps = recipe.data(recipe, seed, data)
+    timed("data generation (oracle writer)", lambda: once(logs / "data.done.json", [
+        f"{main.__module__} {' '.join(argv)}" for main, argv in steps], lambda: [call(main, argv) for main, argv in steps]))
 
     # --- 2. SFT, the reflector beside the policies
     def sft_stage(role: str) -> Stage:

@@ -94,9 +94,11 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
         for run in _rl_runs(folder):  # the held-out panel was played
             records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
             assert [r["step"] for r in records if "heldout_success" in r] == [0, 1, 2]
-        logs = sorted(path.name for path in (folder / "logs").iterdir())  # each stage ran, its output kept
+        logs = sorted(path.name for path in (folder / "logs").glob("*.log"))  # each stage ran, its output kept
         assert logs == ["evaluation-1.log", "rl-reflect-rl.log", "rl-rlft-only.log", "rl-sft-rlft-w-o-reflection.log",
                         "sft-plain.log", "sft-policy.log", "sft-reflector.log"]
+        done = sorted(path.name for path in (folder / "logs").glob("*.done.json"))  # ... and is marked finished
+        assert done == ["data.done.json", *(name.replace(".log", ".done.json") for name in logs)]
         assert "trained 2 steps" in (folder / "logs" / "sft-policy.log").read_text()
         settings = (_rl_runs(folder)[0] / "setting.yml").read_text()  # Reflect-RL reflects greedily
         assert f"top_k: {TAXI.budget['reflect_top_k']}" in settings and "reflect_load_dir: " in settings
@@ -146,6 +148,53 @@ def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, 
     assert ran[2:] == [(0, 2)] and not (tmp_path / "demo" / "seed-0" / "stale.txt").exists()
     rows = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]["results"]
     assert all(r["levels"]["pickup"]["episodes"] == 2 for r in rows)
+
+
+def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeypatch):
+    """A seed that failed part-way is resumed with the same settings (its folder kept, the pipeline run again);
+    a seed of other settings starts clean."""
+    calls = []
+
+    def pipeline(recipe, seed, folder, workers):
+        calls.append(sorted(path.name for path in folder.iterdir()))
+        (folder / "kept.txt").write_text("made before the failure")
+        if len(calls) == 1:
+            raise RuntimeError("a stage failed")
+        return {"results": [], "reflector_accuracy": {}, "timings": {}}
+
+    monkeypatch.setattr(demo, "run_seed", pipeline)
+    folder = tmp_path / "seed-0"
+    with pytest.raises(RuntimeError, match="a stage failed"):
+        demo.finished_or_run(TAXI, 0, folder, 1)
+    assert not (folder / demo.FINISHED).exists()
+    demo.finished_or_run(TAXI, 0, folder, 1)
+    assert calls == [[demo.STARTED], sorted([demo.STARTED, "kept.txt"])] and (folder / demo.FINISHED).is_file()
+
+    (folder / demo.FINISHED).unlink()  # unfinished again, but now of other settings: it starts clean
+    other = dataclasses.replace(TAXI, budget=dict(TAXI.budget, eval_episodes=2))
+    demo.finished_or_run(other, 0, folder, 1)
+    assert calls[-1] == [demo.STARTED]
+
+
+def test_a_finished_stage_is_kept_and_a_failed_or_changed_one_runs_again(tmp_path, monkeypatch):
+    ran = []
+
+    def call(main, argv):
+        ran.append(argv[0])
+        if argv[0] == "fails" and ran.count("fails") == 1:
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(demo, "call", call)
+    logs = tmp_path / "logs"
+    stages = [demo.Stage(name, "demo", [name], logs / f"{name}.log") for name in ("trains", "fails")]
+    with pytest.raises(RuntimeError, match="killed"):
+        demo._run_stages(stages, 1)
+    assert ran == ["trains", "fails"] and sorted(p.name for p in logs.glob("*.done.json")) == ["trains.done.json"]
+    seconds = demo._run_stages(stages, 1)
+    assert ran == ["trains", "fails", "fails"] and set(seconds) == {"trains", "fails"}
+    changed = [demo.Stage("trains", "demo", ["trains", "--max_steps=9"], logs / "trains.log")]
+    demo._run_stages(changed, 1)  # the same stage with another command is not the one that finished
+    assert ran[-1] == "trains"
 
 
 def test_stage_output_goes_to_its_log_whoever_writes_it(tmp_path, capfd):
