@@ -286,8 +286,11 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
     # --- 1. data
     steps = recipe.data(recipe, seed, data)
-    timed("data generation (oracle writer)", lambda: once(logs / "data.done.json", [
-        f"{main.__module__} {' '.join(argv)}" for main, argv in steps], lambda: [call(main, argv) for main, argv in steps]))
+    name = "data generation (oracle writer)"
+    say(f"seed {seed}: {name} ...")
+    timings[name] = once(logs / "data.done.json", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps],
+                         lambda: [call(main, argv) for main, argv in steps])  # a resumed seed: the earlier seconds
+    say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
 
     # --- 2. SFT, the reflector beside the policies
     def sft_stage(role: str) -> Stage:
