@@ -65,6 +65,7 @@ WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each wi
 ALL = "all"  # --task all: every recipe, and the paper's table over them
 FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
 STARTED = "started.json"  # in a seed's folder while it runs: the settings it was started with
+DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its command and seconds)
 
 
 def say(message: str) -> None:
@@ -103,7 +104,7 @@ def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     seconds = {}
     for stage in stages:
-        seconds[stage.name] = once(stage.log.with_name(stage.log.stem + ".done.json"), [stage.module, *stage.argv],
+        seconds[stage.name] = once(stage.log.parent, stage.log.stem, [stage.module, *stage.argv],
                                    lambda stage=stage: _run_logged(stage))
     return seconds
 
@@ -113,14 +114,15 @@ def _run_logged(stage: Stage) -> None:
         call(importlib.import_module(stage.module).main, stage.argv)
 
 
-def once(marker: Path, what: list[str], work) -> float:
-    """Run ``work`` unless ``marker`` says that the same ``what`` (a stage's command) finished before;
-    its seconds, then or now. The marker is written when ``work`` returns, so a stage that was killed or
-    failed runs again when its seed resumes."""
+def once(logs: Path, name: str, what: list[str], work) -> float:
+    """Run ``work`` unless its marker ``logs/<name>.done.json`` says that the same ``what`` (a stage's
+    command) finished before; its seconds, then or now. The marker is written when ``work`` returns, so a
+    stage that was killed or failed runs again when its seed resumes."""
+    marker = logs / f"{name}{DONE}"
     if marker.is_file():
         done = json.loads(marker.read_text(encoding="utf-8"))
         if done.get("what") == what:
-            say(f"{marker.name[:-len('.done.json')]}: finished by an earlier run ({done['seconds']:.0f} s), kept")
+            say(f"{name}: finished by an earlier run ({done['seconds']:.0f} s), kept")
             return float(done["seconds"])
     tic = time.time()
     work()
@@ -288,7 +290,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     steps = recipe.data(recipe, seed, data)
     name = "data generation (oracle writer)"
     say(f"seed {seed}: {name} ...")
-    timings[name] = once(logs / "data.done.json", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps],
+    timings[name] = once(logs, "data", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps],
                          lambda: [call(main, argv) for main, argv in steps])  # a resumed seed: the earlier seconds
     say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
 
