@@ -236,6 +236,9 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
     seed = tmp_path / "demo" / "alfworld" / "seed-0"
     assert {r["problem"] for r in json.loads((seed / "data" / "data_reflection.json").read_text())} == {
         f"train/{fixture.parent.name}/trial_a", f"train/{fixture.parent.name}/trial_b"}
+    for role in small.sft:  # trained without dropout (its fast attention path), as the recipe says
+        (run,) = checkpoints.run_dirs(seed / "runs" / f"sft-{role}", "supervised_pretrain")
+        assert checkpoints.load_settings(run / "checkpoint-2")["disable_dropout"] is True
     for name in small.rl:
         (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{demo.slug(name)}", "rl_finetune")
         records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
