@@ -279,20 +279,22 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     timings: dict[str, float] = {}
     started = time.time()
 
-    def timed(name: str, work) -> None:
-        tic = time.time()
+    def timed(name: str, work, done: tuple[str, list[str]] | None = None) -> None:
+        """Run ``work`` and record its seconds; with ``done`` (a marker name, the command), through :func:`once`:
+        a resumed seed keeps work that finished, with its earlier seconds."""
         say(f"seed {seed}: {name} ...")
-        work()
-        timings[name] = time.time() - tic
+        if done is not None:
+            timings[name] = once(logs, *done, work)
+        else:
+            tic = time.time()
+            work()
+            timings[name] = time.time() - tic
         say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
 
     # --- 1. data
     steps = recipe.data(recipe, seed, data)
-    name = "data generation (oracle writer)"
-    say(f"seed {seed}: {name} ...")
-    timings[name] = once(logs, "data", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps],
-                         lambda: [call(main, argv) for main, argv in steps])  # a resumed seed: the earlier seconds
-    say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
+    timed("data generation (oracle writer)", lambda: [call(main, argv) for main, argv in steps],
+          done=("data", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps]))
 
     # --- 2. SFT, the reflector beside the policies
     def sft_stage(role: str) -> Stage:

@@ -36,9 +36,9 @@ TASK = ("--env=alfworld", f"--alfworld_data={DATA}", f"--alfworld_task={FAMILY}"
         f"--horizon={HORIZON}", f"--alfworld_history_steps={HISTORY_STEPS}")
 
 # ALFWorld's texts are 500 to 1,300 tokens: batches of 8 texts of similar length, as AutoExplore's. Without
-# dropout (the paper's --disable_dropout): with attention dropout torch's CPU attention takes its slow path
-# (a 640-token batch: 1.36 s against 0.35 s a layer, forward and backward), and an SFT step took 8.4 s
-# instead of 2.3 s on these texts, each beside the same other run.
+# dropout (the paper's --disable_dropout; the departure below has the measured step times): with attention
+# dropout torch's CPU attention takes its slow path (a 640-token batch: 1.36 s against 0.35 s a layer,
+# forward and backward).
 SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=20", "--disable_dropout")
 SFT = {
     "reflector": SFTRole("sft_reflection.jsonl", 150, 2e-3, "cosine"),
