@@ -121,8 +121,8 @@ def test_what_the_project_imports_is_declared_and_in_the_demo_lock():
     imported: dict[str, str] = {}
     for path in sorted(REPO.rglob("*.py")):
         relative = path.relative_to(REPO)
-        if relative.parts[0] in (".venv", "tests", "benchmarks", "lock", "build"):
-            continue
+        if relative.parts[0].startswith(".") or relative.parts[0] in ("tests", "benchmarks", "lock", "build"):
+            continue  # hidden folders (.venv, .cache, a developer's scratch) are not the project
         for node in ast.parse(path.read_text()).body:  # module level: what importing the module needs
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
