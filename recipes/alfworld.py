@@ -12,9 +12,10 @@ The game engine and the prompt's length set the budget: a real game resets in ab
 0.15 s on one core; its worker remembers the engine's pure answers (``envs.alfworld_worker.memoise_engine``),
 so a game played again resets in 0.25-0.5 s and a step takes about 0.03 s of CPU. A batch's games run side by
 side in their worker processes (``rollout._pool``). A policy step reads 700-900 tokens. Seeds 0 and 1
-took 75 min and about 2 h on the 2-core machine under load, seed 2 (SFT without dropout) 76.5 min on free cores,
-every row at 0% on each (README, "ALFWorld: what it measured, and what it costs"), with a validation ablation: 5x the SFT steps, 0.3 random instead of 0.7, and
-unshuffled labels all left the plain SFT policy at a uniform pick (0 of 14 validation episodes).
+took 75 min and about 2 h on the 2-core machine under load, seed 2 (SFT without dropout) 76.5 min on free
+cores, every row at 0% on each (README, "ALFWorld: what it measured, and what it costs"), with a validation
+ablation: 5x the SFT steps, 0.3 random instead of 0.7, and unshuffled labels all left the plain SFT policy at
+a uniform pick (0 of 14 validation episodes).
 """
 
 from pathlib import Path

@@ -95,9 +95,9 @@ RECIPE = Recipe(
 # (the same horizon, rewards and held-out episodes as the tiny-gpt2 column, so the rows compare). What
 # departs from the paper is listed with its reason; the budget is what 2 CPU cores give in 90 minutes.
 PRETRAINED_DATA_EPISODES = 1000
-# The paper's. Its taken labels are the advised move with probability 0.25 only, and an SFT policy learns
-# exactly that: on an H100, SmolLM2's policy reached that floor and followed a perfect reflector 22% of the
-# time at 600 steps (README, "Bring your own model", the third ablation).
+# The paper's. Its taken labels are the advised move with probability 0.25 only, and an SFT policy follows
+# the advice no more often than that, even a perfect reflector's (README, "Bring your own model", the third
+# ablation).
 PRETRAINED_DATA_RANDOM_PROB = 0.9
 PRETRAINED_LEARNING_RATE = 2e-4  # the paper's, SFT and RL
 # The reflector's SFT departs from the paper's rate, on a validation ablation (20 validation episodes of
