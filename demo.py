@@ -87,12 +87,14 @@ def call(main, argv: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Stage:
-    """One script run of the pipeline: ``module.main`` on ``argv``, its output in ``log``."""
+    """One script run of the pipeline: ``module.main`` on ``argv``, its output in ``log``; ``inputs``: what else
+    it reads that its command does not name (an evaluation's list of rows), so that a changed one runs it again."""
 
     name: str
     module: str
     argv: list[str]
     log: Path
+    inputs: tuple[str, ...] = ()
 
 
 def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
@@ -104,7 +106,7 @@ def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     seconds = {}
     for stage in stages:
-        seconds[stage.name] = once(stage.log.parent, stage.log.stem, [stage.module, *stage.argv],
+        seconds[stage.name] = once(stage.log.parent, stage.log.stem, [stage.module, *stage.argv, *stage.inputs],
                                    lambda stage=stage: _run_logged(stage))
     return seconds
 
@@ -410,7 +412,7 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
         listing.write_text(yaml.safe_dump(rows, sort_keys=False), encoding="utf-8")
         streams.append([Stage(f"{label}, rows {part}/{share}", "evaluation.evaluate",
                               [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
-                              logs / f"{where.name}.log")])
+                              logs / f"{where.name}.log", inputs=(listing.read_text(encoding="utf-8"),))])
     run_side_by_side(streams, workers)
     found = {}
     for where in folders:

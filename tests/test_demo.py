@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import data_gen.taxi.reflection
 import demo
@@ -24,7 +25,7 @@ ROWS = [row.name for row in TAXI.rows]
 
 # The end-to-end tests run a seed's stages in this process: pytest-xdist keeps the cores busy already, and a
 # stage process starts by importing torch and transformers again (seconds each, several per seed). The
-# plumbing test below runs one seed in two processes as well.
+# plumbing test below runs a seed's evaluation in two processes as well.
 ONE_PROCESS = ("--workers", "1")
 
 
@@ -114,9 +115,23 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     assert len(finals) == 2 and finals[0] == finals[1]
     assert all(seed >= evaluate.HELD_OUT_SEED for starts in small for seed, _ in starts)
 
-    # the same seed again, its stages and evaluation rows in two processes: the same table
-    assert demo.main([f"--ckpt_path={tmp_path / 'b'}", "--seed", "0", "--workers", "2"]) == 0
-    again = json.loads((tmp_path / "b" / "demo" / "results.json").read_text())["0"]
+    # seed 0 again with its results lost, in two processes: its finished stages are kept (their commands are
+    # the same), its evaluation rows are shared out anew over two processes (another list of rows for
+    # "evaluation-1", so it runs again), and the table is the same
+    folder = root / "seed-0"
+    kept = {path.name: path.read_text() for path in (folder / "logs").glob("*.done.json")
+            if not path.name.startswith("evaluation")}
+    (folder / demo.FINISHED).unlink()
+    assert demo.main([f"--ckpt_path={tmp_path / 'a'}", "--seed", "0", "--workers", "2"]) == 0
+    assert {name: (folder / "logs" / name).read_text() for name in kept} == kept
+    assert {path.name for path in (folder / "logs").glob("evaluation-*.done.json")} == {
+        "evaluation-1.done.json", "evaluation-2.done.json"}
+    rows = [yaml.safe_load((folder / "runs" / f"evaluation-{part}" / "rows.yaml").read_text()) for part in (1, 2)]
+    assert sorted(row["name"] for part in rows for row in part) == sorted(ROWS) and all(rows)
+    for part in (1, 2):  # each process evaluated its own rows, in a run of its own
+        run = run_dirs(folder / "runs" / f"evaluation-{part}", evaluate.SCRIPT)[-1]
+        assert [r["name"] for r in json.loads((run / "results.json").read_text())] == [r["name"] for r in rows[part - 1]]
+    again = json.loads((root / "results.json").read_text())["0"]
     assert [(r["name"], r["levels"]) for r in again["results"]] == [(r["name"], r["levels"]) for r in results["0"]["results"]]
     assert again["reflector_accuracy"] == results["0"]["reflector_accuracy"]
 
