@@ -224,3 +224,25 @@ def test_gpt2_hub_models_use_the_papers_labels_without_a_download(name, make_arg
 
     monkeypatch.setattr(models, "load_tokenizer", no_hub)
     assert models.policy_labels(make_args(model_name=name)) == LABELS
+
+
+def test_a_models_labels_are_read_once_while_its_tokenizer_files_stay(digit_model, make_args, monkeypatch, tmp_path):
+    """A run asks for its model's labels for every checkpoint it checks: the tokenizer is read the first time
+    only, and again once its files change (another tokenizer saved in the folder)."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(digit_model, folder)
+    loads = []
+    real = models.load_tokenizer
+    monkeypatch.setattr(models, "load_tokenizer", lambda name: loads.append(name) or real(name))
+    args = make_args(model_name=str(folder))
+    first = models.policy_labels(args)
+    assert models.policy_labels(args) == first and len(loads) == 1
+    assert first == label_alphabet(models.load_tokenizer(digit_model)) != LABELS
+    gpt2 = models.load_tokenizer("tiny-gpt2")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    gpt2.save_pretrained(folder)  # the folder now holds a GPT-2 tokenizer: the paper's labels
+    loads.clear()
+    assert models.policy_labels(args) == LABELS and len(loads) == 1

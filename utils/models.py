@@ -186,10 +186,27 @@ GPT2_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 
 
 def policy_labels(args) -> tuple[str, ...]:
-    """The choice labels of ``args.model_name`` (what its environments must show)."""
+    """The choice labels of ``args.model_name`` (what its environments must show). Its tokenizer is read once
+    per process while its files stay as they are (a run asks again for each checkpoint it checks)."""
     if args.model_name.removeprefix("openai-community/").removeprefix("distilbert/") in GPT2_HUB_MODELS:
         return LABELS
-    return label_alphabet(load_tokenizer(args.model_name))
+    key = _tokenizer_files(args.model_name)
+    if key not in _POLICY_LABELS:
+        _POLICY_LABELS[key] = label_alphabet(load_tokenizer(args.model_name))
+    return _POLICY_LABELS[key]
+
+
+_POLICY_LABELS: dict[tuple, tuple[str, ...]] = {}
+
+
+def _tokenizer_files(model_name: str) -> tuple:
+    """What a model's tokenizer is read from: its folder and each file's name, size and modification time
+    (a hub id: the id, without probing the hub again)."""
+    if not (model_name == TINY_MODEL or model_name.endswith(".gguf") or Path(model_name).expanduser().is_dir()):
+        return (model_name,)
+    folder = Path(resolve_model_path(model_name)).expanduser().resolve()
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
+    return (str(folder), *files)
 
 
 def _max_positions(config) -> int | None:
