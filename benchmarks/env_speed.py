@@ -5,12 +5,16 @@
 Random policy, fixed seeds. AutoExplore explores this project's ``data_gen`` folder (or
 ``--repo_dir``); ALFWorld runs the hand-made fixture and, when ``--alfworld_data`` (or
 ``$ALFWORLD_DATA``) is given, the real tomato→microwave games there, with and without the worker's
-memo of the engine's PDDL translation and grammar parsing (``envs.alfworld_worker.memoise_engine``).
+memo of the engine's PDDL translation and grammar parsing (``envs.alfworld_worker.memoise_engine``), and the
+first reset of a game in a worker with the memo's translations kept on disk by another worker or not (in a
+temporary store of the run's own).
 """
 
+import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,17 +66,59 @@ def main(args) -> int:
                      measure(make_env("alfworld", data_root=str(FIXTURES)), lambda rng: {}, min(episodes, 5),
                              args.seed)))
     data = args.alfworld_data or os.environ.get("ALFWORLD_DATA")
-    if data:  # 6 episodes (at most --runs) over 2 games; with the memo a game played again resets without re-translating
-        for memoise in (False, True):
-            env = make_env("alfworld", data_root=data, horizon=10, memoise_engine=memoise)
-            games = env.problems[:2]
-            rows.append((f"alfworld (tomato->microwave, train; engine {'memoised' if memoise else 'not memoised'})",
-                         measure(env, lambda rng, games=games: {"problem": str(games[int(rng.integers(2))])},
-                                 min(episodes, 6), args.seed)))
-    print("\n| environment | episodes | steps | reset (median, ms) | steps/s |\n|---|---:|---:|---:|---:|")
-    for name, row in rows:
-        print(f"| {name} | {row['episodes']} | {row['steps']} | {row['reset_ms']:.1f} | {row['steps_per_s']:.0f} |")
+    with tempfile.TemporaryDirectory() as cache, _cache_at(cache):  # the engine's translations kept in a store of
+        # this run's own, filled here only
+        if data:  # 6 episodes (at most --runs) over 2 games; with the memo a game played again resets without re-translating
+            for memoise in (False, True):
+                env = make_env("alfworld", data_root=data, horizon=10, memoise_engine=memoise, keep_translations=False)
+                games = env.problems[:2]
+                rows.append((f"alfworld (tomato->microwave, train; engine {'memoised' if memoise else 'not memoised'})",
+                             measure(env, lambda rng, games=games: {"problem": str(games[int(rng.integers(2))])},
+                                     min(episodes, 6), args.seed)))
+        print("\n| environment | episodes | steps | reset (median, ms) | steps/s |\n|---|---:|---:|---:|---:|")
+        for name, row in rows:
+            print(f"| {name} | {row['episodes']} | {row['steps']} | {row['reset_ms']:.1f} | {row['steps_per_s']:.0f} |")
+        if data:
+            print("\n| a game's first reset in a started worker | ms |\n|---|---:|")
+            for name, ms in first_resets(data):
+                print(f"| {name} | {ms:.1f} |")
     return 0
+
+
+@contextlib.contextmanager
+def _cache_at(folder: str):
+    """``$REFLECTRL_CACHE`` (which the ALFWorld workers started inside inherit) at ``folder``, then as before."""
+    before = os.environ.get("REFLECTRL_CACHE")
+    os.environ["REFLECTRL_CACHE"] = folder
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("REFLECTRL_CACHE")
+        else:
+            os.environ["REFLECTRL_CACHE"] = before
+
+
+def first_resets(data: str) -> list[tuple[str, float]]:
+    """The reset of a game a started worker has not played (the first table has it without the memo): with the
+    memo in the worker only, and with its translations kept on disk by another worker before (every RL or
+    evaluation worker's case after the first to play that game)."""
+    rows = []
+    for name, keep in (("memoised in the worker only", False), ("memoised, translations kept by another worker", True)):
+        env = make_env("alfworld", data_root=data, horizon=10, keep_translations=keep)
+        first, game = env.problems[:2]
+        if keep:
+            other = make_env("alfworld", data_root=data, horizon=10)
+            other.reset(seed=0, options={"problem": str(game)})
+            other.close()
+        try:
+            env.reset(seed=0, options={"problem": str(first)})  # starts the worker
+            tic = time.perf_counter()
+            env.reset(seed=1, options={"problem": str(game)})
+            rows.append((name, 1000 * (time.perf_counter() - tic)))
+        finally:
+            env.close()
+    return rows
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ class ALFWorldEnv(TextEnv):
     fails or is blocked); otherwise a problem is drawn from ``self.problems`` minus the blocked
     ones. ``info["problem"]`` names the trial folder being played. ``few_data`` (``--few_data``) keeps
     the first N problems only. ``memoise_engine=False`` turns off the worker's memo of the engine's pure
-    answers (``alfworld_worker.memoise_engine``: the same episodes, slower), for comparisons.
+    answers (``alfworld_worker.memoise_engine``: the same episodes, slower), for comparisons;
+    ``keep_translations=False`` keeps the memo's game translations in the worker only, not also on disk in the
+    project's cache (``alfworld_worker.engine_store``), where every worker and later run finds them.
     """
 
     default_horizon = 30
@@ -75,7 +77,8 @@ class ALFWorldEnv(TextEnv):
                  expert: str = "handcoded", timeout: float = 60.0,
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
                  problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0,
-                 history_steps: int = 0, text_layout: str = "ours", memoise_engine: bool = True):
+                 history_steps: int = 0, text_layout: str = "ours", memoise_engine: bool = True,
+                 keep_translations: bool = True):
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
                          text_layout=text_layout)
         if history_steps < 0:
@@ -109,7 +112,7 @@ class ALFWorldEnv(TextEnv):
             scratch_parent.mkdir(parents=True, exist_ok=True)
         # Without a scratch_dir, in this process's scratch folder, which a later run removes if this one is killed.
         self.scratch = Path(tempfile.mkdtemp(prefix="alfworld_", dir=scratch_dir or process_folder()))
-        self._worker = _Worker(self.scratch, memoise_engine)
+        self._worker = _Worker(self.scratch, memoise_engine, keep_translations)
         self._finalizer = weakref.finalize(self, _release, self._worker, self.scratch)
 
         self.problem: Path | None = None

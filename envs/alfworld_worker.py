@@ -65,30 +65,44 @@ def _state(obs, score, done, infos) -> dict:
     }
 
 
-def memoise_engine() -> None:
+def memoise_engine(store: Path | None = None) -> None:
     """Make the game engine remember, in this process, the answers of its pure and costly parts:
 
     * the PDDL-to-SAS translation (``fast_downward.pddl2sas``): a reset translates the game's domain and
-      problem four times, about 6 s of a real game's 6.5 s, so a game played again resets in about 0.5 s;
+      problem four times, about 6 s of a real game's 6.5 s, so a game played again resets in about 0.5 s.
+      With ``store`` (a folder, :func:`engine_store`) its answers are also kept on disk, shared by every worker
+      process and later run: a game any of them translated before resets in about 0.5 s in a new worker too;
     * the parsing of textworld's text-grammar templates and logic queries (``_parse_and_convert`` of
       ``textworld.envs.pddl.textgen`` and ``textworld.logic``): a step parses the same few hundred strings
       again and again to write its feedback, two thirds of its time.
 
-    Each answer depends on its arguments alone; each call gets its own copy (unpickled), so nothing the game
-    changes is shared between calls or episodes: the episodes are those without the memo
-    (tests/test_alfworld.py).
+    Each answer depends on its arguments alone (the translation's: the domain's and the problem's texts and two
+    switches); each call gets its own copy (unpickled), so nothing the game changes is shared between calls or
+    episodes: the episodes are those without the memo (tests/test_alfworld.py).
     """
     import fast_downward
     import textworld.envs.pddl.textgen
     import textworld.logic
 
-    _remember(fast_downward, "pddl2sas")
+    _remember(fast_downward, "pddl2sas", store)
     _remember(textworld.logic, "_parse_and_convert")
     _remember(textworld.envs.pddl.textgen, "_parse_and_convert")
 
 
-def _remember(module, name: str) -> None:
-    """Replace ``module.name`` by a memo of it, keyed on its (hashable) arguments, answering copies."""
+def engine_store() -> Path:
+    """The folder of the engine's kept translations: in the project's cache, one per version of the engine's
+    packages (a new translator never reads an old one's answers)."""
+    from importlib.metadata import version
+
+    from utils.paths import cache_root
+
+    versions = "-".join(f"{name}{version(name)}" for name in ("fast-downward-textworld", "textworld"))
+    return cache_root() / f"alfworld-engine-{versions}"
+
+
+def _remember(module, name: str, store: Path | None = None) -> None:
+    """Replace ``module.name`` by a memo of it, keyed on its (hashable) arguments, answering copies; with
+    ``store``, the answers are also read from and written to files there (:func:`_kept`)."""
     compute = getattr(module, name)
     if hasattr(compute, "__wrapped__"):
         return
@@ -97,23 +111,48 @@ def _remember(module, name: str) -> None:
     def remembered(*args, **kwargs):
         key = (args, tuple(sorted(kwargs.items())))
         if key not in answers:
-            answers[key] = pickle.dumps(compute(*args, **kwargs))
+            answers[key] = _kept(store / name, key, lambda: pickle.dumps(compute(*args, **kwargs))) if store \
+                else pickle.dumps(compute(*args, **kwargs))
         return pickle.loads(answers[key])
 
     remembered.__wrapped__ = compute
     setattr(module, name, remembered)
 
 
+def _kept(folder: Path, key: tuple, compute) -> bytes:
+    """The pickled answer for ``key`` from its file in ``folder`` (named by the SHA-256 of the pickled key), or
+    ``compute()``'s, written there atomically (workers writing the same answer at once each rename a whole
+    file). A file that does not unpickle (a disk fault, a foreign file) is computed and written again. The files
+    are this project's own cache, unpickled as trusted, like the rest of ``$REFLECTRL_CACHE``."""
+    import hashlib
+    import tempfile
+
+    path = folder / f"{hashlib.sha256(pickle.dumps(key, protocol=4)).hexdigest()}.pickle"
+    try:
+        blob = path.read_bytes()
+        pickle.loads(blob)
+        return blob
+    except Exception:  # not there yet, or unreadable: computed below (and replaced)
+        pass
+    blob = compute()
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
+    with os.fdopen(handle, "wb") as out:
+        out.write(blob)
+    os.replace(scratch, path)
+    return blob
+
+
 class _Game:
     """One textworld game at a time, restarted from a freshly built game file at each reset."""
 
-    def __init__(self, memoise: bool = True):
+    def __init__(self, memoise: bool = True, keep: bool = True):
         import textworld
         import textworld.gym
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
         if memoise:
-            memoise_engine()
+            memoise_engine(engine_store() if keep else None)
         self._textworld = textworld
         self._wrappers = (AlfredDemangler, AlfredInfos, AlfredExpert)
         self._env = None
@@ -151,13 +190,14 @@ class _Game:
             self._env = None
 
 
-def serve(conn, alfworld_data: str, memoise: bool = True) -> None:
-    """The worker's main loop (the ``target`` of its process)."""
+def serve(conn, alfworld_data: str, memoise: bool = True, keep: bool = True) -> None:
+    """The worker's main loop (the ``target`` of its process); ``memoise``, ``keep``: :func:`memoise_engine`,
+    with the translations kept on disk (:func:`engine_store`) or not."""
     # Importing alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) if missing;
     # point it at the env's scratch folder so that nothing appears in the user's home.
     os.environ.setdefault("ALFWORLD_DATA", alfworld_data)
     try:
-        game = _Game(memoise)
+        game = _Game(memoise, keep)
     except Exception as error:  # reported to the parent, which raises it
         conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
         return

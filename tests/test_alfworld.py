@@ -362,20 +362,17 @@ def test_real_game_oracle_wins():
     env.close()
 
 
-def _played_twice(memoise: bool, problems: list, seeds: tuple[int, ...]) -> tuple[list, list[float]]:
-    """Each problem played from each seed, twice over (the second time from a warm worker): every episode's
-    trace (oracle and random labels mixed), and each reset's seconds."""
-    import time
-
-    env = ALFWorldEnv(problems=problems, memoise_engine=memoise, horizon=12)
-    traces, seconds = [], []
+def _played(memoise: bool, problems: list, seeds: tuple[int, ...], rounds: int = 2,
+            keep: bool = True) -> list:
+    """Each problem played from each seed, ``rounds`` times over (after the first, from a warm worker): every
+    episode's trace (oracle and random labels mixed)."""
+    env = ALFWorldEnv(problems=problems, memoise_engine=memoise, keep_translations=keep, horizon=12)
+    traces = []
     try:
-        for _ in range(2):
+        for _ in range(rounds):
             for problem in problems:
                 for seed in seeds:
-                    tic = time.perf_counter()
                     obs, info = env.reset(seed=seed, options={"problem": str(problem)})
-                    seconds.append(time.perf_counter() - tic)
                     rng, trace, done = np.random.default_rng(seed), [(obs, info["labels"], info["oracle_label"])], False
                     while not done:
                         label = info["oracle_label"] if rng.random() < 0.5 else info["labels"][rng.integers(len(info["labels"]))]
@@ -385,24 +382,60 @@ def _played_twice(memoise: bool, problems: list, seeds: tuple[int, ...]) -> tupl
                     traces.append(trace)
     finally:
         env.close()
-    return traces, seconds
+    return traces
 
 
 def test_the_memoised_engine_plays_the_same_episodes():
     """The worker's memo of the engine (PDDL translation, grammar parsing) is exact: the same episodes with and
     without it."""
-    with_memo, _ = _played_twice(True, [FIXTURE], (0, 1))
-    without, _ = _played_twice(False, [FIXTURE], (0, 1))
-    assert with_memo == without and len(with_memo) == 4
+    with_memo = _played(True, [FIXTURE], (0, 1), keep=False)
+    without = _played(False, [FIXTURE], (0, 1), rounds=1)
+    assert with_memo == without * 2
+
+
+def test_kept_translations_are_shared_by_new_workers_and_exact(tmp_path, monkeypatch):
+    """The memo's game translations kept on disk (``alfworld_worker.engine_store``, in ``$REFLECTRL_CACHE``): a
+    new worker reads them instead of translating again, its episodes the same as without any memo; a damaged
+    file is translated again and replaced."""
+    import pickle
+
+    from envs.alfworld_worker import engine_store
+
+    monkeypatch.setenv("REFLECTRL_CACHE", str(tmp_path / "cache"))  # the worker process inherits it
+    without = _played(False, [FIXTURE], (0, 1), rounds=1)
+    assert not engine_store().exists()  # no memo, nothing kept
+    filled = _played(True, [FIXTURE], (0, 1), rounds=1)
+    kept = {path: path.stat().st_mtime_ns for path in engine_store().rglob("*.pickle")}
+    assert len(kept) == 2 and all(path.parent.name == "pddl2sas" for path in kept)  # the two translations of a game
+    assert not list(engine_store().rglob("*.part"))  # written whole, then renamed
+    read = _played(True, [FIXTURE], (0, 1), rounds=1)
+    assert filled == read == without
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept  # read, not written again
+    damaged = sorted(kept)[0]
+    damaged.write_bytes(b"not a pickle")
+    again = _played(True, [FIXTURE], (0,), rounds=1)
+    assert again == without[:1]
+    pickle.loads(damaged.read_bytes())  # replaced by a whole answer
+
+
+def test_translations_stay_in_the_worker_when_not_kept(tmp_path, monkeypatch):
+    from envs.alfworld_worker import engine_store
+
+    monkeypatch.setenv("REFLECTRL_CACHE", str(tmp_path / "cache"))
+    _played(True, [FIXTURE], (0,), rounds=1, keep=False)
+    assert not engine_store().exists()
 
 
 @pytest.mark.slow
-def test_the_memoised_engine_on_a_real_game_is_exact():
-    """(Its speed is measured by benchmarks.env_speed.)"""
+def test_the_memoised_engine_on_a_real_game_is_exact(tmp_path, monkeypatch):
+    """(Its speed is measured by benchmarks.env_speed.) The translations kept in a fresh store: the first round
+    translates, the second replays from the worker's memory, then a new worker reads them from disk."""
+    monkeypatch.setenv("REFLECTRL_CACHE", str(tmp_path / "cache"))
     (problem,) = find_problems(TOMATO, "train", PAPER_TASK)[:1]
-    with_memo, _ = _played_twice(True, [problem], (3,))
-    without, _ = _played_twice(False, [problem], (3,))
-    assert with_memo == without
+    without = _played(False, [problem], (3,), rounds=1)
+    with_memo = _played(True, [problem], (3,))
+    from_disk = _played(True, [problem], (3,), rounds=1)
+    assert with_memo == without * 2 and from_disk == without
 
 
 def test_a_batch_plays_its_games_side_by_side_with_the_same_episodes(make_args, monkeypatch):

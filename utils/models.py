@@ -111,7 +111,7 @@ def gguf_folder(gguf_file: str | os.PathLike) -> Path:
     (needs the ``gguf`` package) and kept in the cache under the file's content hash."""
     import transformers
 
-    from utils.tiny_gpt2 import cache_root
+    from utils.paths import cache_root
 
     source = Path(gguf_file).expanduser().resolve()
     if not source.is_file():

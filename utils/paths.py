@@ -1,5 +1,6 @@
 """Where the project lives: the repository root and the folders named relative to it."""
 
+import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -7,6 +8,12 @@ DATA_DIR = REPO_ROOT / "data"
 RESULTS_DIR = REPO_ROOT / "results"  # run directories <id>_<script>/ (the default --ckpt_path)  # generated data (git-ignored); schemas in data/README.md
 # Resolved like REPO_ROOT: a shared/ that is a symbolic link names its games by their real paths.
 SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()  # large inputs kept beside the checkout (ALFWorld games)
+
+
+def cache_root() -> Path:
+    """Where built and converted artefacts are kept (tiny-gpt2, dequantised .gguf models, the ALFWorld engine's
+    translations): ``$REFLECTRL_CACHE``, default ``<repo>/.cache``."""
+    return Path(os.environ.get("REFLECTRL_CACHE", REPO_ROOT / ".cache"))
 
 
 def file_digest(path: str | Path) -> str:

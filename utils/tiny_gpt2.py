@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, label_token_ids
-from utils.paths import REPO_ROOT
+from utils.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -171,10 +171,6 @@ def _fingerprint() -> str:
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("REFLECTRL_CACHE", REPO_ROOT / ".cache"))
 
 
 def tiny_gpt2_path() -> Path:
