@@ -122,8 +122,9 @@ def _remember(module, name: str, store: Path | None = None) -> None:
 def _kept(folder: Path, key: tuple, compute) -> bytes:
     """The pickled answer for ``key`` from its file in ``folder`` (named by the SHA-256 of the pickled key), or
     ``compute()``'s, written there atomically (workers writing the same answer at once each rename a whole
-    file). A file that does not unpickle (a disk fault, a foreign file) is computed and written again. The files
-    are this project's own cache, unpickled as trusted, like the rest of ``$REFLECTRL_CACHE``."""
+    file). A file that does not unpickle (a disk fault, a foreign file) is computed and written again; a store
+    that cannot be written leaves the answer in the worker's memo only. The files are this project's own cache,
+    unpickled as trusted, like the rest of ``$REFLECTRL_CACHE``."""
     import hashlib
     import tempfile
 
@@ -135,11 +136,17 @@ def _kept(folder: Path, key: tuple, compute) -> bytes:
     except Exception:  # not there yet, or unreadable: computed below (and replaced)
         pass
     blob = compute()
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
-    with os.fdopen(handle, "wb") as out:
-        out.write(blob)
-    os.replace(scratch, path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, scratch = tempfile.mkstemp(dir=folder, suffix=".part")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(blob)
+            os.replace(scratch, path)
+        finally:
+            Path(scratch).unlink(missing_ok=True)  # gone once renamed; a half-written one is not left
+    except OSError:  # a cache that cannot be written (read-only, full): the answer stays in this worker's memo
+        pass
     return blob
 
 

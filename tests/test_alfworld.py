@@ -426,6 +426,15 @@ def test_translations_stay_in_the_worker_when_not_kept(tmp_path, monkeypatch):
     assert not engine_store().exists()
 
 
+def test_a_cache_that_cannot_be_written_leaves_the_memo_in_the_worker(tmp_path, monkeypatch):
+    """(A read-only or full cache is alike: the store's folder cannot be made here, its parent being a file.)"""
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("REFLECTRL_CACHE", str(blocked))
+    assert _played(True, [FIXTURE], (0, 1)) == _played(False, [FIXTURE], (0, 1))
+    assert blocked.read_text() == "a file where the cache folder should be"
+
+
 @pytest.mark.slow
 def test_the_memoised_engine_on_a_real_game_is_exact(tmp_path, monkeypatch):
     """(Its speed is measured by benchmarks.env_speed.) The translations kept in a fresh store: the first round
