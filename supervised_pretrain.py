@@ -11,6 +11,7 @@ their ``setting.yml`` and ``role.json`` (a reflector or a policy, as the texts e
 ``--resume_from CHECKPOINT`` continues a run.
 """
 
+import inspect
 import json
 import logging
 import sys
@@ -96,10 +97,17 @@ def encode_examples(tokenizer, texts: list[str], max_seq_length: int, reflect: b
 
 
 class PadCollator:
-    """Right-pads a batch of encoded examples (labels with -100)."""
+    """Right-pads a batch of encoded examples (labels with -100).
 
-    def __init__(self, pad_token_id: int):
+    ``completion_logits`` (``--completion_logits``): the batch also says which positions the loss reads, a
+    position whose next token is a label (``logits_to_keep``, a boolean mask), and those next tokens
+    (``shift_labels``), so the model projects only those positions onto its vocabulary. The loss is the same
+    mean over the same tokens: only the prompt's logits, which it never read, are not computed.
+    """
+
+    def __init__(self, pad_token_id: int, completion_logits: bool = False):
         self.pad = pad_token_id
+        self.completion_logits = completion_logits
 
     def __call__(self, examples: list[dict]) -> dict:
         width = max(len(e["input_ids"]) for e in examples)
@@ -109,7 +117,12 @@ class PadCollator:
             batch["input_ids"].append(e["input_ids"] + [self.pad] * gap)
             batch["attention_mask"].append([1] * len(e["input_ids"]) + [0] * gap)
             batch["labels"].append(e["labels"] + [IGNORE] * gap)
-        return {k: torch.tensor(v) for k, v in batch.items()}
+        batch = {k: torch.tensor(v) for k, v in batch.items()}
+        if self.completion_logits:
+            following = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=IGNORE)
+            batch["logits_to_keep"] = following != IGNORE
+            batch["shift_labels"] = following[batch["logits_to_keep"]]
+        return batch
 
 
 class RunFiles(TrainerCallback):
@@ -163,6 +176,18 @@ def build_dataset(args, tokenizer, texts: list[str]):
     return Dataset.from_list(kept)
 
 
+def completion_logits(args, model) -> bool:
+    """``--completion_logits``, where the model's forward pass can keep the logits of chosen positions
+    (``logits_to_keep``, a mask: transformers' causal LMs); elsewhere every position's, with a warning."""
+    if not args.completion_logits:
+        return False
+    if "logits_to_keep" in inspect.signature(models.base_model(model).forward).parameters:
+        return True
+    logger.warning("--completion_logits: %s's forward pass has no logits_to_keep; the LM head runs at every "
+                   "position", type(models.base_model(model)).__name__)
+    return False
+
+
 def main(args) -> int:
     seeding.set_seed(args.seed)
     model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
@@ -197,7 +222,8 @@ def main(args) -> int:
     )
     files = RunFiles(args, run_dir, label_alphabet(tokenizer), checkpoints.sft_role(texts))
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
-                      data_collator=PadCollator(tokenizer.pad_token_id), processing_class=tokenizer,
+                      data_collator=PadCollator(tokenizer.pad_token_id, completion_logits(args, model)),
+                      processing_class=tokenizer,
                       callbacks=[files])
     result = trainer.train(resume_from_checkpoint=args.resume_from)
     final = run_dir / f"checkpoint-{trainer.state.global_step}"

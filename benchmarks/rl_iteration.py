@@ -46,7 +46,9 @@ ROWS = (
     Row("everything off", OFF, "bytes"),
     Row("+ reflection memo", ("--no_prefix_cache", "--static_cache=false"), "bytes"),
     Row("+ shared-prefix KV cache", ("--static_cache=false",), "choices"),
-    Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--cpu_bf16"), "nothing"),
+    Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--cpu_bf16", "--attn_implementation=sdpa"), "nothing"),
+    # --attn_implementation=auto: eager attention for the trained policy in bf16 on a CPU, sdpa for the reflector
+    Row("+ eager attention for the trained policy", ("--static_cache=false", "--cpu_bf16"), "nothing"),
     Row("+ static KV cache (off by default)", ("--static_cache", "--cpu_bf16"), "nothing"),
 )
 

@@ -111,8 +111,10 @@ def _remember(module, name: str, store: Path | None = None) -> None:
     def remembered(*args, **kwargs):
         key = (args, tuple(sorted(kwargs.items())))
         if key not in answers:
-            answers[key] = _kept(store / name, key, lambda: pickle.dumps(compute(*args, **kwargs))) if store \
-                else pickle.dumps(compute(*args, **kwargs))
+            def answer() -> bytes:
+                return pickle.dumps(compute(*args, **kwargs))
+
+            answers[key] = _kept(store / name, key, answer) if store else answer()
         return pickle.loads(answers[key])
 
     remembered.__wrapped__ = compute

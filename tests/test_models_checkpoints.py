@@ -251,6 +251,24 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
                                       per_device_eval_batch_size=2, eval_steps=0)) == 0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's choice of attention kernel")
+def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
+    """--attn_implementation auto: eager where torch's CPU sdpa backward pass in bfloat16 is slow (a trained
+    model in bf16 on a CPU), sdpa elsewhere (float32, a frozen model); an explicit kernel is kept."""
+    bf16 = make_args(cpu_bf16=True)
+    assert models.attention_kernel(bf16, trainable=True) == "eager"
+    assert models.attention_kernel(bf16, trainable=False) == "sdpa"
+    assert models.attention_kernel(make_args(), trainable=True) == "sdpa"
+    assert models.attention_kernel(make_args(cpu_bf16=True, attn_implementation="sdpa"), trainable=True) == "sdpa"
+    assert models.attention_kernel(make_args(attn_implementation="eager"), trainable=False) == "eager"
+    trained, _ = models.load_model_and_tokenizer(bf16)
+    frozen, _ = models.load_model_and_tokenizer(bf16, trainable=False)
+    assert models.base_model(trained).config._attn_implementation == "eager"
+    assert frozen.config._attn_implementation == "sdpa"
+    with pytest.raises(SystemExit):
+        parse_args(["--attn_implementation=flash"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
 def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(monkeypatch, caplog):
     import experiment_args

@@ -45,6 +45,7 @@ OVERRIDES = {
     "benchmarks.rollout_throughput": ["--reflect_max_new_tokens=4"],
     "benchmarks.rl_memory": ["--reflect_max_new_tokens=4", "--batches", "1", "8"],
     "benchmarks.rl_iteration": ["--max_steps=2", "--per_device_eval_batch_size=2", "--reflect_max_new_tokens=4"],
+    "benchmarks.sft_step": ["--max_steps=2", "--per_device_train_batch_size=2"],
     "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
 }
 USES_API = ("evaluation.evaluate_gpt", "evaluation.auto_explore_gpt")
@@ -105,7 +106,7 @@ BENCHMARKS = [c for c in readme_commands((REPO / "README.md").read_text()) if _i
 def test_the_readme_names_its_benchmarks():
     assert {shlex.split(c)[2] for c in BENCHMARKS} >= {"benchmarks.enumeration", "benchmarks.rollout_throughput",
                                                         "benchmarks.rl_memory", "benchmarks.rl_iteration",
-                                                        "benchmarks.env_speed",
+                                                        "benchmarks.env_speed", "benchmarks.sft_step",
                                                         "benchmarks.llm_concurrency"}
 
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import supervised_pretrain as sft
 from prompts import ACTION_MARKER, ANALYZE_MARKER, completion_start, policy_sft_text, reflection_sft_text
@@ -114,3 +115,66 @@ def test_a_batch_is_encoded_as_each_text_alone(tiny_tokenizer):
         assert example["input_ids"] == alone + ([tiny_tokenizer.eos_token_id] if reflection else [])
         assert example["labels"] == [-100] * len(prompt) + example["input_ids"][len(prompt):]
     assert sft.encode_examples(tiny_tokenizer, texts, 20, None)[2] is None  # its completion alone is too long
+
+
+def _mixed_texts() -> list[str]:
+    """Policy and reflection texts of several lengths: batches with padding and completions of 1 to 9 tokens."""
+    texts = []
+    for i in range(16):
+        obs = OBS.replace("T P", f"T{'.' * (i % 5)}P")
+        texts.append(policy_sft_text(obs, HEAD, str(i % 3)) if i % 2 else
+                     reflection_sft_text(obs, HEAD, "Head east, then south." * (1 + i % 3)))
+    return texts
+
+
+def test_completion_logits_compute_the_head_only_where_the_loss_reads(tiny_tokenizer, make_args):
+    examples = sft.encode_examples(tiny_tokenizer, _mixed_texts()[:4], 1024, None)
+    full = sft.PadCollator(tiny_tokenizer.pad_token_id)(examples)
+    kept = sft.PadCollator(tiny_tokenizer.pad_token_id, completion_logits=True)(examples)
+    assert set(full) == {"input_ids", "attention_mask", "labels"}
+    for key in full:
+        assert torch.equal(full[key], kept[key])
+    labels = full["labels"]
+    # position t is kept iff the token at t + 1 is a label; the labels follow in the same (row-major) order
+    expected = [(row, t) for row in range(len(labels)) for t in range(labels.shape[1] - 1) if labels[row, t + 1] != -100]
+    assert kept["logits_to_keep"].nonzero().tolist() == [list(p) for p in expected]
+    assert kept["shift_labels"].tolist() == [labels[row, t + 1].item() for row, t in expected]
+
+    model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    with torch.no_grad():
+        every = model(**full)
+        some = model(**kept)
+    assert every.logits.shape[:2] == labels.shape
+    assert some.logits.shape == (len(expected), every.logits.shape[-1])  # only the positions the loss reads
+    torch.testing.assert_close(some.loss, every.loss, rtol=1e-6, atol=1e-6)
+
+
+def test_completion_logits_train_as_every_position_does(make_args, tmp_path):
+    """--completion_logits changes what is computed, not what is learned; --no_completion_logits is the paper's."""
+    task_file = _write(tmp_path / "sft.jsonl", _mixed_texts())
+    weights, losses = [], []
+    for on in (True, False):
+        root = tmp_path / f"on-{on}"
+        assert sft.main(make_args(task_file=task_file, max_steps=4, logging_steps=1, completion_logits=on,
+                                  per_device_train_batch_size=4, ckpt_path=str(root))) == 0
+        (run_dir,) = root.glob("*_supervised_pretrain")
+        losses.append([r["loss"] for r in metrics.read_metrics(run_dir) if "loss" in r])
+        weights.append(load_file(run_dir / "checkpoint-4" / "adapter_model.safetensors"))
+    assert len(losses[0]) == 4
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-7)
+
+
+def test_a_model_without_logits_to_keep_runs_every_position(make_args, caplog):
+    class Plain(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            raise AssertionError("not called")
+
+    assert sft.completion_logits(make_args(), Plain()) is False
+    assert "no logits_to_keep" in caplog.text
+    model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    assert sft.completion_logits(make_args(), model) is True
+    assert sft.completion_logits(make_args(completion_logits=False), model) is False
+

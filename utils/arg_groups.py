@@ -205,6 +205,10 @@ class ModelArguments(_Group):
         "native bf16 (AVX512-BF16, AMX), slower where it does not. Off: float32, the same numbers on every CPU.",
         NO_CUDA)
     fp16: bool = _arg(False, "Compute in float16 (CUDA only).")
+    attn_implementation: Literal["auto", "sdpa", "eager"] = _arg(
+        "auto", "Attention kernel (transformers' attn_implementation). auto: eager for a model trained in bfloat16 "
+        "on a CPU, where torch's sdpa backward pass is about twice as slow (benchmarks/sft_step.py); sdpa "
+        "elsewhere. The two compute the same attention, rounded differently.")
     gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
     shrink_head: bool = _arg(
         False,
@@ -239,6 +243,10 @@ class OptimArguments(_Group):
     max_steps: int = _arg(2000, "SFT optimiser steps, or RL iterations.",
                           Applies("no --num_train_epochs", lambda a: a.num_train_epochs is None, (SFT_SCRIPT,)))
     group_by_length: bool = _arg(False, "SFT: batch texts of similar length together (less padding).", ONLY_SFT)
+    completion_logits: bool = _arg(
+        True, "SFT: compute the LM head and the loss at the completion's positions only, the only ones the loss "
+        "reads (the same loss; a big vocabulary's head over the prompt is most of the logits' cost). Off: at "
+        "every position, as the paper's code.", ONLY_SFT)
     num_train_epochs: float | None = _arg(
         None, "SFT: passes over the data; given, it replaces --max_steps for SFT (the paper's flag).", ONLY_SFT)
     optim: str = _arg("adamw_torch", "SFT optimiser, a transformers TrainingArguments.optim name (the paper: "

@@ -1,0 +1,122 @@
+"""Seconds per SFT step with each SFT optimisation switched on in turn, side by side in one run.
+
+    python -m benchmarks.sft_step [--model_name tiny-gpt2 | --model_name <SmolLM2 .gguf> --cpu_bf16]
+        [--task_file FILE.jsonl] [--per_device_train_batch_size 16] [--max_steps 5] [--out FILE.json]
+
+Every row trains the same batches (the task file's first texts, in order; without ``--task_file``, the Taxi
+reflector's SFT texts of 200 "oracle + random 0.5" episodes, written by the data pipeline into a temporary
+folder) from the same starting weights (loaded afresh for each row) and the same seed: the model's forward
+and backward pass and the AdamW step, as supervised_pretrain.py runs them, with the scripts' own loader and
+collator. The first row computes as the paper's code does; each row after it adds one option (:data:`ROWS`).
+Printed per row: seconds per step (the mean over the steps after the first), the speed-up over the first row,
+and the largest difference of a step's loss from the first row's.
+"""
+
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiment_args import parse_args
+
+PROG = "python -m benchmarks.sft_step"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    flags: tuple[str, ...]  # on top of the command line's
+
+
+ROWS = (
+    Row("the LM head at every position, sdpa attention (the paper's code)",
+        ("--no_completion_logits", "--attn_implementation=sdpa")),
+    Row("+ the LM head at the completion only (--completion_logits)", ("--attn_implementation=sdpa",)),
+    Row("+ eager attention (--attn_implementation=eager)", ("--attn_implementation=eager",)),
+)
+
+
+def taxi_texts(model_name: str, folder: Path) -> Path:
+    """The Taxi reflector's SFT texts of 200 "oracle + random 0.5" episodes, in ``model_name``'s labels."""
+    import data_gen.taxi.gen_sft
+    import data_gen.taxi.reflection
+
+    data_gen.taxi.reflection.main(parse_args(["--env=taxi", "--taxi_curriculum", "--curriculum_index=0",
+                                              "--horizon=10", "--api=oracle", "--num_episodes=200",
+                                              "--random_prob=0.5", f"--output_dir={folder}", "--seed=0"]))
+    data_gen.taxi.gen_sft.main(parse_args(["--env=taxi", f"--model_name={model_name}",
+                                           f"--task_file={folder / 'data_reflection.json'}"]))
+    return folder / "sft_reflection.jsonl"
+
+
+def train_steps(argv: list[str]) -> dict:
+    """``--max_steps`` SFT steps on the task file's first texts; the seconds and the loss of each."""
+    import supervised_pretrain as sft
+    from utils import models, seeding
+
+    args = parse_args(argv, prog=PROG)
+    seeding.set_seed(args.seed)
+    model, tokenizer = models.load_model_and_tokenizer(args)
+    model.train()
+    examples = list(sft.build_dataset(args, tokenizer, sft.read_texts(args.task_file)))
+    size = args.per_device_train_batch_size
+    if len(examples) < size * args.max_steps:
+        raise SystemExit(f"{PROG}: error: --task_file {args.task_file} has {len(examples)} texts that fit, fewer "
+                         f"than --max_steps x --per_device_train_batch_size = {size * args.max_steps}")
+    collate = sft.PadCollator(tokenizer.pad_token_id, sft.completion_logits(args, model))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)
+    seconds, losses = [], []
+    for step in range(args.max_steps):
+        batch = {k: v.to(models.device()) for k, v in collate(examples[step * size:(step + 1) * size]).items()}
+        tic = time.perf_counter()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds.append(time.perf_counter() - tic)
+        losses.append(loss.item())
+    return {"seconds": seconds, "losses": losses, "attention": models.base_model(model).config._attn_implementation}
+
+
+def main(argv: list[str]) -> int:
+    out = None
+    if "--out" in argv:
+        at = argv.index("--out")
+        if at + 1 >= len(argv):
+            print(f"{PROG}: error: --out needs a file name", file=sys.stderr)
+            return 2
+        out, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+    defaults = ["--model_name=tiny-gpt2", "--per_device_train_batch_size=16", "--max_steps=5", "--seed=0",
+                "--learning_rate=2e-3"]
+    model_name = parse_args([*defaults, *argv], prog=PROG).model_name
+    with tempfile.TemporaryDirectory() as scratch:
+        if not any(a.startswith("--task_file") for a in argv):
+            argv = [*argv, f"--task_file={taxi_texts(model_name, Path(scratch))}"]
+        results, first = [], None
+        for row in ROWS:
+            trained = train_steps([*defaults, *argv, *row.flags])
+            first = first or trained
+            steady = trained["seconds"][1:] or trained["seconds"]
+            results.append({"row": row.name, "s_per_step": float(np.mean(steady)), "seconds": trained["seconds"],
+                            "losses": trained["losses"], "attention": trained["attention"],
+                            "loss_difference": max(abs(a - b) for a, b in zip(trained["losses"], first["losses"]))})
+    base = results[0]["s_per_step"]
+    print(f"\nSFT steps ({' '.join(a for a in argv if not a.startswith('--task_file=')) or 'tiny-gpt2'}); "
+          "the mean over steps 2 and after\n")
+    print("| row | s / step | speed-up | largest loss difference from row 1 |")
+    print("|---|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['row']} | {r['s_per_step']:.3f} | {base / r['s_per_step']:.2f}x | {r['loss_difference']:.2g} |")
+    if out is not None:
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
