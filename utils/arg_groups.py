@@ -207,8 +207,9 @@ class ModelArguments(_Group):
     fp16: bool = _arg(False, "Compute in float16 (CUDA only).")
     attn_implementation: Literal["auto", "sdpa", "eager"] = _arg(
         "auto", "Attention kernel (transformers' attn_implementation). auto: eager for a model trained in bfloat16 "
-        "on a CPU, where torch's sdpa backward pass is about twice as slow (benchmarks/sft_step.py); sdpa "
-        "elsewhere. The two compute the same attention, rounded differently.")
+        "on a CPU, where torch's sdpa backward pass is about twice as slow (benchmarks/sft_step.py); elsewhere "
+        "transformers' choice for the architecture (sdpa where it has it). The two compute the same attention, "
+        "rounded differently.")
     gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
     shrink_head: bool = _arg(
         False,

@@ -43,13 +43,14 @@ def compute_dtype(args) -> torch.dtype:
     return torch.float32
 
 
-def attention_kernel(args, trainable: bool) -> str:
+def attention_kernel(args, trainable: bool) -> str | None:
     """``--attn_implementation``, with ``auto`` settled: eager for a model trained in bfloat16 on a CPU (torch's
-    CPU sdpa is about twice as slow as eager attention in a bfloat16 backward pass), sdpa everywhere else."""
+    CPU sdpa is about twice as slow as eager attention in a bfloat16 backward pass), else None: transformers'
+    own choice for the architecture (sdpa where it has it; Gemma2, say, has only eager)."""
     if args.attn_implementation != "auto":
         return args.attn_implementation
     cpu_bf16_training = trainable and compute_dtype(args) == torch.bfloat16 and device().type == "cpu"
-    return "eager" if cpu_bf16_training else "sdpa"
+    return "eager" if cpu_bf16_training else None
 
 
 # --- the model/tokenizer loader ----------------------------------------------------------
@@ -265,8 +266,9 @@ def load_model_and_tokenizer(
                          f"({'the whole model saved in ' + repr(adapter_dir) if whole_model else '--no_use_peft'}): "
                          "quantised weights take no gradient; add --no_load_in_8bit (and no --load_in_4bit), or "
                          "train a LoRA adapter (--use_peft)")
-    kwargs: dict[str, Any] = {"dtype": compute_dtype(args),
-                              "attn_implementation": attention_kernel(args, trainable)}
+    kwargs: dict[str, Any] = {"dtype": compute_dtype(args)}
+    if attention_kernel(args, trainable):
+        kwargs["attn_implementation"] = attention_kernel(args, trainable)
     if quantized:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_8bit=args.load_in_8bit,
