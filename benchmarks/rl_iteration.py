@@ -20,11 +20,11 @@ import functools
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.rows import print_table, save, steady_mean, take_out
 from envs import make_env
 from envs.taxi import taxi_curriculum
 from experiment_args import parse_args
@@ -87,13 +87,7 @@ def play_iterations(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out = None
-    if "--out" in argv:
-        at = argv.index("--out")
-        if at + 1 >= len(argv):
-            print("python -m benchmarks.rl_iteration: error: --out needs a file name", file=sys.stderr)
-            return 2
-        out, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+    out, argv = take_out(argv, "python -m benchmarks.rl_iteration")
     defaults = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=40",
                 "--per_device_eval_batch_size=16", "--max_steps=6", "--no_use_peft", "--learning_rate=1e-4",
                 "--baseline=mean"]
@@ -101,23 +95,19 @@ def main(argv: list[str]) -> int:
     for row in ROWS:
         played = play_iterations([*defaults, *argv, *row.flags])
         first = first or played
-        steady = played["seconds"][1:] or played["seconds"]
-        results.append({"row": row.name, "exact": row.exact, "s_per_iteration": float(np.mean(steady)),
+        results.append({"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
                         "seconds": played["seconds"], "hit_rate": played["hit_rate"], "decisions": played["decisions"],
                         "identical_bytes": played["episodes"] == first["episodes"],
                         "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"]))})
     base = results[0]["s_per_iteration"]
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
           "iterations 2 and after\n")
-    print("| row | s / iteration | speed-up | reflection memo hits | episodes as row 1's |")
-    print("|---|---:|---:|---:|---|")
-    for r in results:
-        print(f"| {r['row']} | {r['s_per_iteration']:.2f} | {base / r['s_per_iteration']:.2f}x | "
-              f"{100 * r['hit_rate']:.0f}% | {_sameness(r)} |")
-    if out is not None:
-        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print_table(["row", "s / iteration", "speed-up", "reflection memo hits", "episodes as row 1's"],
+                ["---", "---:", "---:", "---:", "---"],
+                [[r["row"], f"{r['s_per_iteration']:.2f}", f"{base / r['s_per_iteration']:.2f}x",
+                  f"{100 * r['hit_rate']:.0f}%", _sameness(r)] for r in results])
+    save(out, results)
     return 0 if all(_kept(r) for r in results) else 1
-
 
 def _kept(result: dict) -> bool:
     """Whether a row kept what it promises of the first row's episodes."""

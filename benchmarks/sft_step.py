@@ -13,15 +13,14 @@ and the largest difference of a step's loss from the first row's.
 """
 
 import dataclasses
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from benchmarks.rows import print_table, save, steady_mean, take_out
 from experiment_args import parse_args
 
 PROG = "python -m benchmarks.sft_step"
@@ -85,13 +84,7 @@ def train_steps(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out = None
-    if "--out" in argv:
-        at = argv.index("--out")
-        if at + 1 >= len(argv):
-            print(f"{PROG}: error: --out needs a file name", file=sys.stderr)
-            return 2
-        out, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+    out, argv = take_out(argv, PROG)
     defaults = ["--model_name=tiny-gpt2", "--per_device_train_batch_size=16", "--max_steps=5", "--seed=0",
                 "--learning_rate=2e-3"]
     model_name = parse_args([*defaults, *argv], prog=PROG).model_name
@@ -102,21 +95,16 @@ def main(argv: list[str]) -> int:
         for row in ROWS:
             trained = train_steps([*defaults, *argv, *row.flags])
             first = first or trained
-            steady = trained["seconds"][1:] or trained["seconds"]
-            results.append({"row": row.name, "s_per_step": float(np.mean(steady)), "seconds": trained["seconds"],
-                            "losses": trained["losses"], "attention": trained["attention"],
+            results.append({"row": row.name, "s_per_step": steady_mean(trained["seconds"]), **trained,
                             "loss_difference": max(abs(a - b) for a, b in zip(trained["losses"], first["losses"]))})
     base = results[0]["s_per_step"]
     print(f"\nSFT steps ({' '.join(a for a in argv if not a.startswith('--task_file=')) or 'tiny-gpt2'}); "
           "the mean over steps 2 and after\n")
-    print("| row | s / step | speed-up | largest loss difference from row 1 |")
-    print("|---|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['row']} | {r['s_per_step']:.3f} | {base / r['s_per_step']:.2f}x | {r['loss_difference']:.2g} |")
-    if out is not None:
-        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print_table(["row", "s / step", "speed-up", "largest loss difference from row 1"], ["---", "---:", "---:", "---:"],
+                [[r["row"], f"{r['s_per_step']:.3f}", f"{base / r['s_per_step']:.2f}x", f"{r['loss_difference']:.2g}"]
+                 for r in results])
+    save(out, results)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
