@@ -109,6 +109,7 @@ def main(argv: list[str]) -> int:
     save(out, results)
     return 0 if all(_kept(r) for r in results) else 1
 
+
 def _kept(result: dict) -> bool:
     """Whether a row kept what it promises of the first row's episodes."""
     return {"bytes": result["identical_bytes"], "choices": result["identical_choices"]}.get(result["exact"], True)

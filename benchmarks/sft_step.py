@@ -41,13 +41,15 @@ ROWS = (
 
 
 def taxi_texts(model_name: str, folder: Path) -> Path:
-    """The Taxi reflector's SFT texts of 200 "oracle + random 0.5" episodes, in ``model_name``'s labels."""
+    """The Taxi pickup column's reflector texts (its task and "oracle + random" rate) of 200 episodes, in
+    ``model_name``'s labels."""
     import data_gen.taxi.gen_sft
     import data_gen.taxi.reflection
+    from recipes import taxi_pickup
 
-    data_gen.taxi.reflection.main(parse_args(["--env=taxi", "--taxi_curriculum", "--curriculum_index=0",
-                                              "--horizon=10", "--api=oracle", "--num_episodes=200",
-                                              "--random_prob=0.5", f"--output_dir={folder}", "--seed=0"]))
+    data_gen.taxi.reflection.main(parse_args([*taxi_pickup.TASK, "--api=oracle", "--num_episodes=200",
+                                              f"--random_prob={taxi_pickup.DATA_RANDOM_PROB}",
+                                              f"--output_dir={folder}", "--seed=0"]))
     data_gen.taxi.gen_sft.main(parse_args(["--env=taxi", f"--model_name={model_name}",
                                            f"--task_file={folder / 'data_reflection.json'}"]))
     return folder / "sft_reflection.jsonl"
@@ -105,6 +107,7 @@ def main(argv: list[str]) -> int:
                  for r in results])
     save(out, results)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -177,4 +177,3 @@ def test_a_model_without_logits_to_keep_runs_every_position(make_args, caplog):
     model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
     assert sft.completion_logits(make_args(), model) is True
     assert sft.completion_logits(make_args(completion_logits=False), model) is False
-

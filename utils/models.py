@@ -267,8 +267,8 @@ def load_model_and_tokenizer(
                          "quantised weights take no gradient; add --no_load_in_8bit (and no --load_in_4bit), or "
                          "train a LoRA adapter (--use_peft)")
     kwargs: dict[str, Any] = {"dtype": compute_dtype(args)}
-    if attention_kernel(args, trainable):
-        kwargs["attn_implementation"] = attention_kernel(args, trainable)
+    if attention := attention_kernel(args, trainable):
+        kwargs["attn_implementation"] = attention
     if quantized:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_8bit=args.load_in_8bit,
