@@ -304,7 +304,8 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
         return Stage(f"SFT of the {role} ({spec.file})", "supervised_pretrain", [
             *model, f"--ckpt_path={runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
             f"--max_steps={spec.steps}", f"--save_steps={spec.steps}", *recipe.sft_flags,
-            f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}"], logs / f"sft-{role}.log")
+            f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}", *spec.flags],
+            logs / f"sft-{role}.log")
 
     tic = time.time()
     timings.update(run_side_by_side([[sft_stage(role) for role in stream] for stream in recipe.sft_streams], workers))

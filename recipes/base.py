@@ -23,12 +23,14 @@ from utils.arg_groups import DEFAULT_TRAINER
 
 @dataclass(frozen=True)
 class SFTRole:
-    """One SFT model: the file it trains on (in the data folder) and its budget."""
+    """One SFT model: the file it trains on (in the data folder), its budget, and flags of its own on top of
+    the recipe's ``sft_flags`` (e.g. ``--disable_dropout`` for one role only)."""
 
     file: str
     steps: int
     learning_rate: float
     schedule: str = "constant"
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
-from utils import metrics, models, paths
+from utils import checkpoints, metrics, models, paths
 
 pytestmark = pytest.mark.slow
 
@@ -192,3 +192,6 @@ def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch):
     adapters = list((root / "seed-0" / "runs").rglob("adapter_config.json"))
     assert len(adapters) >= 6  # three SFT and three RL checkpoints, each a LoRA adapter
     assert all(json.loads(a.read_text())["r"] == 64 for a in adapters)
+    for role in taxi_pickup.PRETRAINED_SFT:  # the reflector alone trained without dropout, as the recipe says
+        (run,) = checkpoints.run_dirs(root / "seed-0" / "runs" / f"sft-{role}", "supervised_pretrain")
+        assert checkpoints.load_settings(run / "checkpoint-1")["disable_dropout"] is (role == "reflector")
