@@ -10,6 +10,7 @@ import data_gen.taxi.reflection
 from experiment_args import cpu_native_bf16
 from recipes.accuracy import reflector_accuracy
 from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
+from utils.models import on_cuda
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -127,9 +128,10 @@ PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": PRETRAINED_LEARNING_RATE, "pa
 def on_pretrained(model_name: str) -> Recipe:
     """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA."""
     # bfloat16 where the CPU computes it natively (avx512_bf16, amx_bf16); elsewhere it is emulated, several
-    # times slower than float32 (a 2-core EPYC without it: 106 s for one RL iteration of 2 episodes)
+    # times slower than float32 (a 2-core EPYC without it: 106 s for one RL iteration of 2 episodes). On CUDA,
+    # bfloat16 without the paper's 8-bit base: the same base weights as on a CPU, so the machines' rows compare.
     model = ("--model_name=" + model_name, "--use_peft", "--lora_r=64", "--lora_alpha=16",
-             *(("--cpu_bf16",) if cpu_native_bf16() else ()))
+             *(("--cpu_bf16",) if cpu_native_bf16() else ()), *(("--no_load_in_8bit",) if on_cuda() else ()))
     label = Path(model_name).name
     return dataclasses.replace(
         RECIPE, name=f"{RECIPE.name}-{label}", title=f"{RECIPE.title} (LoRA)", model=model,
@@ -158,6 +160,8 @@ def on_pretrained(model_name: str) -> Recipe:
                                                         "decides whether RL improves"),
             ("greedy reflections (the paper: sampled)", "measured on tiny-gpt2: sampling costs a small reflector "
                                                         "a tenth of its accuracy"),
+            ("on CUDA, a bfloat16 base model (the paper: 8 bits)", "the base weights a CPU computes with, so "
+                                                                    "the rows of both machines compare"),
             ("bfloat16 on a CPU that computes it natively (the paper: a GPU)",
              "1.4x faster per RL iteration there (benchmarks/rl_iteration.py); emulated elsewhere, so float32 there"),
         ),

@@ -245,3 +245,14 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
         assert all(r["heldout_episodes"] == 2 for r in records if "heldout_success" in r)  # the 2 train trials
         episodes = [json.loads(x) for x in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
         assert all(e["seed"] < HELD_OUT_SEED < VALIDATION_SEED for e in episodes)
+
+
+def test_the_pretrained_taxi_recipe_keeps_a_bfloat16_base_on_cuda(monkeypatch):
+    """On CUDA the pretrained column loads the base in bfloat16, not the paper's 8 bits (the weights a CPU
+    computes with); on a CPU it passes nothing bitsandbytes would read."""
+    from recipes import taxi_pickup
+
+    for cuda in (True, False):
+        monkeypatch.setattr(taxi_pickup, "on_cuda", lambda cuda=cuda: cuda)
+        model = taxi_pickup.on_pretrained("some/model.gguf").model
+        assert ("--no_load_in_8bit" in model) is cuda and "--use_peft" in model
