@@ -171,6 +171,14 @@ def exit_with(parent: int, every: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-demo", daemon=True).start()
 
 
+def stage_threads(workers: int, streams: int, cores: int | None = None) -> int:
+    """The torch threads of each stage process when ``streams`` streams run ``workers`` at a time: the cores
+    shared among the processes that run at once, so a lone stream gets them all. Fixed by the plan, never by
+    which stream happens to finish first: gradients differ in their last bits between thread counts (forward
+    passes do not), so a count switched mid-run would make a seed's training depend on timing."""
+    return max(1, (cores or os.cpu_count() or 1) // max(1, min(workers, streams)))
+
+
 def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, float]:
     """Run each stream (stages in order) in its own process, ``workers`` streams at a time."""
     for stage in (stage for stream in streams for stage in stream):
@@ -180,7 +188,7 @@ def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, floa
         for stream in streams:
             seconds.update(_run_stages(stream, torch.get_num_threads()))
     else:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = stage_threads(workers, len(streams))
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
         with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=exit_with,
                                  initargs=(os.getpid(),)) as pool:

@@ -230,6 +230,14 @@ def test_stage_output_goes_to_its_log_whoever_writes_it(tmp_path, capfd):
     assert out == "after\n" and "from" not in err
 
 
+def test_a_stage_gets_the_cores_no_other_stage_runs_on():
+    assert demo.stage_threads(2, 2, cores=2) == 1  # two streams side by side: a core each
+    assert demo.stage_threads(2, 3, cores=2) == 1  # more streams than workers: still two at a time
+    assert demo.stage_threads(2, 1, cores=2) == 2  # a lone stream: both cores, not one left idle
+    assert demo.stage_threads(4, 2, cores=16) == 8
+    assert demo.stage_threads(3, 3, cores=2) == 1  # never fewer than one
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):
