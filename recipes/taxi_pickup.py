@@ -10,7 +10,7 @@ import data_gen.taxi.reflection
 from experiment_args import cpu_native_bf16
 from recipes.accuracy import reflector_accuracy
 from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
-from utils.models import on_cuda
+from utils.arg_groups import cuda_available
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -131,7 +131,7 @@ def on_pretrained(model_name: str) -> Recipe:
     # times slower than float32 (a 2-core EPYC without it: 106 s for one RL iteration of 2 episodes). On CUDA,
     # bfloat16 without the paper's 8-bit base: the same base weights as on a CPU, so the machines' rows compare.
     model = ("--model_name=" + model_name, "--use_peft", "--lora_r=64", "--lora_alpha=16",
-             *(("--cpu_bf16",) if cpu_native_bf16() else ()), *(("--no_load_in_8bit",) if on_cuda() else ()))
+             *(("--cpu_bf16",) if cpu_native_bf16() else ()), *(("--no_load_in_8bit",) if cuda_available() else ()))
     label = Path(model_name).name
     return dataclasses.replace(
         RECIPE, name=f"{RECIPE.name}-{label}", title=f"{RECIPE.title} (LoRA)", model=model,

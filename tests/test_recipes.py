@@ -253,6 +253,6 @@ def test_the_pretrained_taxi_recipe_keeps_a_bfloat16_base_on_cuda(monkeypatch):
     from recipes import taxi_pickup
 
     for cuda in (True, False):
-        monkeypatch.setattr(taxi_pickup, "on_cuda", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(taxi_pickup, "cuda_available", lambda cuda=cuda: cuda)
         model = taxi_pickup.on_pretrained("some/model.gguf").model
         assert ("--no_load_in_8bit" in model) is cuda and "--use_peft" in model

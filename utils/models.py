@@ -28,11 +28,6 @@ TINY_MODEL = "tiny-gpt2"
 
 # --- devices and precision ----------------------------------------------------------------
 
-def on_cuda() -> bool:
-    """Whether this process computes on a CUDA device (:func:`device`)."""
-    return device().type == "cuda"
-
-
 def device() -> torch.device:
     """This process's device: its CUDA device under ``accelerate``/torchrun, else the CPU."""
     if torch.cuda.is_available():
