@@ -256,3 +256,14 @@ def test_the_pretrained_taxi_recipe_keeps_a_bfloat16_base_on_cuda(monkeypatch):
         monkeypatch.setattr(taxi_pickup, "cuda_available", lambda cuda=cuda: cuda)
         model = taxi_pickup.on_pretrained("some/model.gguf").model
         assert ("--no_load_in_8bit" in model) is cuda and "--use_peft" in model
+
+
+def test_the_pretrained_taxi_recipe_runs_its_rl_one_run_at_a_time_on_every_core():
+    """SmolLM2's Reflect-RL is the critical path: a lone RL stream gives each run all the cores (stage_threads),
+    where side by side its core would train for 50 minutes beside one idle after 11."""
+    import demo
+    from recipes import taxi_pickup
+
+    recipe = taxi_pickup.on_pretrained("some/model.gguf")
+    assert len(recipe.rl_streams) == 1 and set(recipe.rl_streams[0]) == set(recipe.rl)
+    assert demo.stage_threads(2, len(recipe.rl_streams), cores=2) == 2
