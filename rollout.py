@@ -243,7 +243,7 @@ class TwoPlayerRollout:
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
                  mask_invalid: bool = True, reflection_memo: bool = True, prefix_cache: bool = True,
-                 static_cache: bool = False):
+                 static_cache: bool = False, argmax_top1: bool = True):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -251,6 +251,8 @@ class TwoPlayerRollout:
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.max_new_tokens = reflect_max_new_tokens
         self.greedy = greedy
+        # top-1 sampling decoded as the argmax it draws (the same token but for exact ties): --argmax_top1
+        self.greedy_reflections = greedy or (argmax_top1 and top_k == 1)
         self.stats = RolloutStats()
         models.silence_unpadded_generate_warning()
         self.one_line = reflect_one_line
@@ -307,7 +309,7 @@ class TwoPlayerRollout:
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
                    reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
                    reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache,
-                   static_cache=args.static_cache)
+                   static_cache=args.static_cache, argmax_top1=args.argmax_top1)
 
     # --- the two players ----------------------------------------------------------------
 
@@ -333,9 +335,10 @@ class TwoPlayerRollout:
     def _generate(self, ids: list[list[int]], seed: int) -> list[str]:
         """One batched, seeded ``generate`` after each prompt's token ids (cut to length already)."""
         pad_id = self.reflect_tokenizer.pad_token_id
+        sample = not self.greedy_reflections
         config = GenerationConfig(
-            do_sample=not self.greedy, temperature=self.temperature if not self.greedy else None,
-            top_k=self.top_k if not self.greedy else None, top_p=self.top_p if not self.greedy else None,
+            do_sample=sample, temperature=self.temperature if sample else None,
+            top_k=self.top_k if sample else None, top_p=self.top_p if sample else None,
             max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids, pad_token_id=pad_id)
         device = _device(self.reflector)
         static_len = max(map(len, ids)) + self.max_new_tokens if self.static_cache else None

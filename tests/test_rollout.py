@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from envs import make_env
-from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, policy_prompt, reflection_prompt
+from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, policy_prompt, reflection_prompt
 from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 from utils import models
 from utils.kv_cache import PrefixKV, shared_length
@@ -360,3 +360,59 @@ def test_the_cache_flags_reach_the_rollout(players):
         rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
         assert (rollout.policy_prefix is not None) is on and (rollout.reflect_prefix is not None) is on
         assert rollout.static_cache is on
+
+
+# --- --contiguous_head and --argmax_top1: the same reflections and choices, each off by its flag
+
+@pytest.mark.parametrize("shrink", [False, True])
+def test_the_lm_head_reads_a_contiguous_copy_and_computes_the_same_logits(shrink):
+    """transformers hands the head a strided ``hidden[:, -1:, :]`` under ``logits_to_keep``, on which torch's
+    matmul copies the head's weight once per row (seconds for SmolLM2 in bfloat16); the hook gives it a
+    contiguous copy: the same logits, and --no_contiguous_head leaves transformers' call as it is."""
+    from experiment_args import ScriptArguments
+
+    seen, logits = {}, {}
+    for on in (True, False):
+        torch.manual_seed(0)
+        model, tokenizer = models.load_model_and_tokenizer(ScriptArguments(**EXACT, contiguous_head=on),
+                                                           trainable=False, shrink_head=shrink)
+        head = models.base_model(model).get_output_embeddings()
+        heads = [head, head.full_head] if shrink else [head]
+        for module in heads:
+            module.register_forward_hook(lambda m, args, out, on=on: seen.setdefault(on, []).append(args[0].is_contiguous()))
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [1, 2, 3, 4]])
+        with torch.no_grad():
+            logits[on] = model(input_ids=ids, logits_to_keep=1).logits
+            with models.full_head(model):
+                model(input_ids=ids, logits_to_keep=1)
+    assert seen[True] == [True, True] and seen[False] == [False, False]  # the label head, then the full one
+    assert torch.allclose(logits[True], logits[False], atol=1e-6)
+
+
+def test_top1_reflections_by_argmax_are_the_sampled_ones_and_break_ties_by_the_lower_id(players):
+    policy, tokenizer, _, reflect_tokenizer = players
+    episodes = {on: [e.to_dict() for e in _run(players, top_k=1, argmax_top1=on)[2]] for on in (True, False)}
+    assert episodes[True] == episodes[False]  # float32: no tie, the same reflections byte for byte
+
+    from experiment_args import ScriptArguments, parse_args
+
+    reflector, _ = models.load_model_and_tokenizer(ScriptArguments(**EXACT), trainable=False)
+    prompt = [reflection_prompt(make_env("taxi").reset(seed=3)[0], make_env("taxi").action_head)]
+    ids = torch.tensor([reflect_tokenizer(prompt[0], add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        first = int(reflector(input_ids=ids).logits[0, -1].argmax())
+        twin = first - 1 if first > 0 else first + 1
+        # a second token whose logit equals the top one exactly (the head's rows are the embedding's)
+        reflector.get_output_embeddings().weight[twin] = reflector.get_output_embeddings().weight[first]
+        logits = reflector(input_ids=ids).logits[0, -1]
+    assert logits[twin] == logits[first] == logits.max()
+    texts = {}
+    for flag in ("--argmax_top1", "--no_argmax_top1"):
+        args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", "--top_k=1", "--reflect_max_new_tokens=1",
+                           "--no_reflection_memo", "--no_reflect_one_line", "--no_prefix_cache", flag])
+        rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
+        assert rollout.greedy_reflections is (flag == "--argmax_top1")
+        texts[flag] = {rollout.reflect(prompt, seed)[0] for seed in range(12)}
+    said = {token: clean_reflection(reflect_tokenizer.decode([token]), False) for token in (first, twin)}
+    assert texts["--argmax_top1"] == {said[min(first, twin)]}  # every seed: the lower id
+    assert texts["--no_argmax_top1"] == set(said.values())  # sampling draws either

@@ -210,6 +210,12 @@ class ModelArguments(_Group):
         "on a CPU, where torch's sdpa backward pass is about twice as slow (benchmarks/sft_step.py); elsewhere "
         "transformers' choice for the architecture (sdpa where it has it). The two compute the same attention, "
         "rounded differently.")
+    contiguous_head: bool = _arg(
+        True, "Give the LM head its rows as a contiguous tensor. transformers hands it a strided slice "
+        "(hidden[:, -1:, :]) when only the last position's logits are wanted, and torch's matmul then copies the "
+        "head's weight once per row of the batch: SmolLM2's first generation step at batch 16 took 4.7 s "
+        "instead of 9 ms in bfloat16 on a CPU (benchmarks/rl_iteration.py). The same product, by another kernel "
+        "(--no_contiguous_head: as transformers calls it).")
     gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
     shrink_head: bool = _arg(
         False,
@@ -407,6 +413,12 @@ class RLArguments(_Group):
         True, "Remember each reflection by its prompt's token ids and answer the same prompt again from memory "
         "(exact: the reflector is frozen and reflections are greedy; --no_reflection_memo: generate every one).",
         (REFLECTOR, GREEDY_REFLECTIONS))
+    argmax_top1: bool = _arg(
+        True, "With --top_k 1, take each reflection token as the argmax of the logits rather than sampling it from "
+        "the one token top-k keeps: the same token, without a softmax and a random draw over the vocabulary at "
+        "every token (a tenth of a SmolLM2 reflection's time on a CPU). Only where two top logits tie exactly "
+        "does it differ: argmax takes the lower token id where sampling draws one of them (--no_argmax_top1: "
+        "sample, as transformers does for top_k=1).", (REFLECTOR, GREEDY_REFLECTIONS))
     prefix_cache: bool = _arg(
         True, "Read the prompt prefix a batch's rows share (the reflector's instruction, an ALFWorld room) once, and "
         "give every row its keys and values; kept while the weights stay the same (same choices, log-probs equal "

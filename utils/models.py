@@ -326,7 +326,29 @@ def load_model_and_tokenizer(
         model.eval()
     if shrink_head:
         shrink_lm_head(model, label_token_ids(tokenizer))
+    if args.contiguous_head:
+        contiguous_head_input(model)
     return model, tokenizer
+
+
+def _contiguous_input(module: nn.Module, inputs: tuple) -> tuple:
+    return (inputs[0].contiguous(), *inputs[1:])
+
+
+def contiguous_head_input(model: nn.Module) -> None:
+    """Make the LM head (and, under a label head, the full head :func:`full_head` puts back) read a contiguous
+    copy of its input (``--contiguous_head``).
+
+    With ``logits_to_keep``, transformers passes the head ``hidden[:, -1:, :]``, a strided view. torch's
+    ``matmul`` cannot fold such a 3-D input into one matrix product: it broadcasts the head's weight to every
+    row of the batch and copies it (batch x vocabulary x hidden values, 906 MB for SmolLM2 at batch 16 in
+    bfloat16) before a batched product. A contiguous input takes the single matrix product."""
+    head = base_model(model).get_output_embeddings()
+    heads = [head, head.full_head] if isinstance(head, LabelHead) else [head]
+    for module in heads:
+        if module is not None and not getattr(module, "_contiguous_input", False):
+            module.register_forward_pre_hook(_contiguous_input)
+            module._contiguous_input = True
 
 
 def disable_dropout(model: nn.Module) -> int:
