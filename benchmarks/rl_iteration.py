@@ -10,7 +10,7 @@ has every optimisation off; each row after it adds one (:data:`ROWS`). Printed p
 iteration (the mean over the iterations after the first, which warms caches up), the speed-up over the
 first row, the reflection memo's hit rate, and how far the episodes equal the first row's: byte for byte
 (the memo must keep that), the same actions and reflections with log-probs equal to rounding (the
-shared-prefix cache must keep that), or not at all (bf16 computes in another arithmetic). The exit status
+shared-prefix cache, the contiguous head input and argmax must keep that), or not at all (bf16 computes in another arithmetic). The exit status
 is 1 if a row broke its promise. Without checkpoints the untrained players are used, whose reflections run
 to ``--reflect_max_new_tokens``.
 """
@@ -40,12 +40,16 @@ class Row:
     exact: str
 
 
-OFF = ("--no_reflection_memo", "--no_prefix_cache", "--static_cache=false")
+OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--no_argmax_top1", "--static_cache=false")
 # Each row adds one optimisation to the row before it; the last tries the static cache on top of them all.
 ROWS = (
     Row("everything off", OFF, "bytes"),
-    Row("+ reflection memo", ("--no_prefix_cache", "--static_cache=false"), "bytes"),
-    Row("+ shared-prefix KV cache", ("--static_cache=false",), "choices"),
+    Row("+ reflection memo", OFF[1:], "bytes"),
+    Row("+ shared-prefix KV cache", OFF[2:], "choices"),
+    # the head's product by another kernel: float32 rounds it differently, bfloat16 gave the same logits
+    Row("+ contiguous LM-head input", OFF[3:], "choices"),
+    # the same tokens but at exact ties of the top logits, which float32 all but never has
+    Row("+ argmax for top-1 reflections", OFF[4:], "choices"),
     Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--cpu_bf16", "--attn_implementation=sdpa"), "nothing"),
     # --attn_implementation=auto: eager attention for the trained policy in bf16 on a CPU, sdpa for the reflector
     Row("+ eager attention for the trained policy", ("--static_cache=false", "--cpu_bf16"), "nothing"),
