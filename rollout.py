@@ -22,6 +22,7 @@ the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -30,11 +31,12 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 from envs.base import TextEnv
 from prompts import clean_reflection, label_alphabet, label_token_ids, policy_prompt, reflection_prompt
 from utils import checkpoints, models
+from utils.draft_decoding import DraftStats, draft_source, greedy_with_drafts
 from utils.kv_cache import PrefixKV, WeightsWatch
 
 logger = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ class RolloutStats:
     decisions: int = 0
     reflections: int = 0  # reflections asked for
     reflection_hits: int = 0  # of those, answered from the memo (ReflectionMemo) without generating
+    drafts: DraftStats = field(default_factory=DraftStats)  # guessed reflection tokens (--draft_tokens)
 
     @property
     def reflection_hit_rate(self) -> float:
@@ -243,7 +246,7 @@ class TwoPlayerRollout:
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
                  mask_invalid: bool = True, reflection_memo: bool = True, prefix_cache: bool = True,
-                 static_cache: bool = False, argmax_top1: bool = True):
+                 static_cache: bool = False, argmax_top1: bool = True, draft_tokens: int = 0):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -267,6 +270,9 @@ class TwoPlayerRollout:
         self.policy_prefix = PrefixKV(policy) if prefix_cache else None
         self.reflect_prefix = PrefixKV(reflector) if prefix_cache and reflector is not None else None
         self.static_cache = static_cache
+        # greedy reflections check guessed tokens, up to this many a forward pass (utils/draft_decoding.py)
+        self.draft_tokens = draft_tokens if self.greedy_reflections and not static_cache else 0
+        self._last_text: str | None = None  # the latest reflection generated: the hint of a row that has none
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -309,60 +315,92 @@ class TwoPlayerRollout:
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
                    reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
                    reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache,
-                   static_cache=args.static_cache, argmax_top1=args.argmax_top1)
+                   static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens)
 
     # --- the two players ----------------------------------------------------------------
 
     @torch.no_grad()
-    def reflect(self, prompts: list[str], seed: int) -> list[str]:
-        """Reflections for ``prompts`` in one batched, seeded ``generate``; those the memo holds
-        (:class:`ReflectionMemo`) are not generated again."""
+    def reflect(self, prompts: list[str], seed: int, hints: list[str | None] | None = None) -> list[str]:
+        """Reflections for ``prompts`` in one batched, seeded generation; those the memo holds
+        (:class:`ReflectionMemo`) are not generated again. ``hints``: per prompt, a text its reflection may
+        resemble (the same episode's previous reflection), where drafted decoding looks for its guesses; they
+        change how fast a reflection is written, not what it says (but for rounding, utils/draft_decoding.py)."""
         if not prompts:
             return []
         ids, truncated = cut_left(self.reflect_tokenizer, prompts, self.scorer.max_seq_length - self.max_new_tokens)
+        hints = hints or [None] * len(prompts)
         self.stats.truncated += truncated
         self.stats.reflections += len(prompts)
         if self.memo is None:
-            return self._generate(ids, seed)
+            return self._generate(ids, seed, hints)
         self.memo.check()
         keys = [tuple(x) for x in ids]
-        missing = list(dict.fromkeys(key for key in keys if key not in self.memo.texts))
+        missing = dict.fromkeys(key for key in keys if key not in self.memo.texts)
+        for key, hint in zip(keys, hints):
+            if key in missing and missing[key] is None:
+                missing[key] = hint
         self.stats.reflection_hits += len(keys) - len(missing)
         if missing:
-            self.memo.texts.update(zip(missing, self._generate([list(key) for key in missing], seed)))
+            self.memo.texts.update(zip(missing, self._generate([list(key) for key in missing], seed,
+                                                               list(missing.values()))))
         return [self.memo.texts[key] for key in keys]
 
-    def _generate(self, ids: list[list[int]], seed: int) -> list[str]:
-        """One batched, seeded ``generate`` after each prompt's token ids (cut to length already)."""
+    def _generate(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:
+        """One batched, seeded generation after each prompt's token ids (cut to length already): drafted
+        (:func:`utils.draft_decoding.greedy_with_drafts`) where ``--draft_tokens`` says so, else ``generate``."""
         pad_id = self.reflect_tokenizer.pad_token_id
-        sample = not self.greedy_reflections
-        config = GenerationConfig(
-            do_sample=sample, temperature=self.temperature if sample else None,
-            top_k=self.top_k if sample else None, top_p=self.top_p if sample else None,
-            max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids, pad_token_id=pad_id)
         device = _device(self.reflector)
         static_len = max(map(len, ids)) + self.max_new_tokens if self.static_cache else None
         prepared = self.reflect_prefix.prepare(ids, pad_id, device, static_len=static_len) if self.reflect_prefix else None
         if prepared is None:
             encoded = pad_left(self.reflect_tokenizer, ids, 0, device)
-            batch, tokens = dict(encoded.inputs), encoded.tokens
-            del batch["position_ids"]  # generate counts them from the mask
-            if self.static_cache:
-                config.cache_implementation = "static"
+            inputs, tokens, cache = dict(encoded.inputs), encoded.tokens, None
         else:
-            batch = {"input_ids": prepared.input_ids, "attention_mask": prepared.attention_mask,
-                     "cache": prepared.cache}
-            tokens = prepared.tokens
+            inputs = {"input_ids": prepared.input_ids, "attention_mask": prepared.attention_mask,
+                      "position_ids": prepared.position_ids}
+            tokens, cache = prepared.tokens, prepared.cache
+        self.stats.reflection_prompt_tokens += tokens
+        with models.full_head(self.reflector):
+            if self.draft_tokens:
+                new = self._drafted(ids, inputs, cache, hints, prepared.prefix if prepared else 0)
+            else:
+                new = self._generated(inputs, cache, seed, device)
+        self.stats.reflection_new_tokens += sum(len([t for t in row if t != pad_id]) for row in new)
+        texts = [clean_reflection(text, self.one_line)
+                 for text in self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)]
+        self._last_text = texts[0]
+        return texts
+
+    def _generated(self, inputs: dict, cache, seed: int, device) -> list[list[int]]:
+        """The new tokens of transformers' ``generate`` (seeded), padded after a row's stop."""
+        sample = not self.greedy_reflections
+        config = GenerationConfig(
+            do_sample=sample, temperature=self.temperature if sample else None,
+            top_k=self.top_k if sample else None, top_p=self.top_p if sample else None,
+            max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids,
+            pad_token_id=self.reflect_tokenizer.pad_token_id)
+        batch = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        if cache is not None:
+            batch["cache"] = cache
+        elif self.static_cache:
+            config.cache_implementation = "static"
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            with models.full_head(self.reflector):
-                out = self.reflector.generate(**batch, generation_config=config)
-        new = out[:, batch["input_ids"].shape[1]:]
-        self.stats.reflection_prompt_tokens += tokens
-        self.stats.reflection_new_tokens += int((new != self.reflect_tokenizer.pad_token_id).sum())
-        texts = self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)
-        return [clean_reflection(text, self.one_line) for text in texts]
+            out = self.reflector.generate(**batch, generation_config=config)  # positions counted from the mask
+        return out[:, batch["input_ids"].shape[1]:].tolist()
+
+    def _drafted(self, ids: list[list[int]], inputs: dict, cache, hints: list[str | None], prefix: int) -> list[list[int]]:
+        """The new tokens of greedy decoding with drafts looked up in each row's hint (its own, else the
+        latest reflection generated) and its text so far."""
+        encode = functools.partial(self.reflect_tokenizer.encode, add_special_tokens=False)
+        sources = [draft_source(row, encode(hint) if hint else encode(self._last_text) if self._last_text else None)
+                   for row, hint in zip(ids, hints)]
+        return greedy_with_drafts(
+            self.reflector, input_ids=inputs["input_ids"][:, prefix:], attention_mask=inputs["attention_mask"],
+            position_ids=inputs["position_ids"], cache=cache if cache is not None else DynamicCache(config=self.reflector.config),
+            sources=sources, max_new_tokens=self.max_new_tokens, stop_ids=self._stop_ids,
+            draft_tokens=self.draft_tokens, pad_id=self.reflect_tokenizer.pad_token_id, stats=self.stats.drafts)
 
     @torch.no_grad()
     def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator) -> list[Choice]:
@@ -429,8 +467,9 @@ class TwoPlayerRollout:
                 ask.append(slot)
             else:
                 slot.reflection = None
+        # each slot's reflection of its previous step (still set): the hint its next one is drafted from
         texts = self.reflect([reflection_prompt(s.obs, s.env.action_head, s.env.instruction(s.env.text_layout),
-                                                s.env.text_layout) for s in ask], seed)
+                                                s.env.text_layout) for s in ask], seed, [s.reflection for s in ask])
         for slot, text in zip(ask, texts):
             slot.reflection = text
 

@@ -424,6 +424,12 @@ class RLArguments(_Group):
         True, "Read the prompt prefix a batch's rows share (the reflector's instruction, an ALFWorld room) once, and "
         "give every row its keys and values; kept while the weights stay the same (same choices, log-probs equal "
         "to rounding; --no_prefix_cache: every row reads its whole prompt).")
+    draft_tokens: int = _arg(
+        4, "Greedy reflections: guess up to DRAFT_TOKENS tokens of each reflection from text it is likely to repeat "
+        "(the episode's previous reflection, its own text so far) and check them in one forward pass, keeping those "
+        "the model would have written itself (batched prompt-lookup decoding, utils/draft_decoding.py). The same "
+        "text but where rounding moves a near-tie; 0: transformers' generate, one token a pass. Not with "
+        "--static_cache.", (REFLECTOR, GREEDY_REFLECTIONS))
     static_cache: bool = _arg(
         False, "Generate reflections into a key/value cache allocated once for the longest sequence, not grown "
         "at every token (the same reflections). Off: on a CPU it did not pay (benchmarks/rl_iteration.py).",
@@ -473,7 +479,7 @@ class RLArguments(_Group):
         _at_least(self, 1, "reflect_max_new_tokens", "per_device_eval_batch_size", "ppo_epochs")
         _at_least(self, 0, "replay_buffer_size", "replay_batch_size")
         _positive(self, "temperature", "ppo_clip", "refuel_eta")
-        _at_least(self, 0, "entropy_coef", "top_k")
+        _at_least(self, 0, "entropy_coef", "top_k", "draft_tokens")
         _probability(self, "reflect_prob")
         need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(self.trainer != "refuel" or self.baseline == "none", "baseline",
