@@ -8,11 +8,12 @@ Every row plays the same RL iterations: Taxi pickup with reflection, ``--per_dev
 iteration, from the same starting weights (loaded afresh for each row) and the same seeds. The first row
 has every optimisation off; each row after it adds one (:data:`ROWS`). Printed per row: seconds per
 iteration (the mean over the iterations after the first, which warms caches up), the speed-up over the
-first row, the reflection memo's hit rate, and how far the episodes equal the first row's: byte for byte
-(the memo must keep that), the same actions and reflections with log-probs equal to rounding (the
-shared-prefix cache, the contiguous head input and argmax must keep that), or not at all (bf16 computes in another arithmetic). The exit status
-is 1 if a row broke its promise. Without checkpoints the untrained players are used, whose reflections run
-to ``--reflect_max_new_tokens``.
+first row, the reflection memo's hit rate, the share of drafted reflection tokens accepted, and how far
+the episodes equal the first row's: byte for byte (the memo must keep that), the same actions and
+reflections with log-probs equal to rounding (the shared-prefix cache, the contiguous head input, argmax
+and drafted reflections must keep that), or not at all (bf16 computes in another arithmetic). The exit
+status is 1 if a row broke its promise. Without checkpoints the untrained players are used, whose
+reflections run to ``--reflect_max_new_tokens``.
 """
 
 import dataclasses
@@ -40,8 +41,9 @@ class Row:
     exact: str
 
 
-OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--no_argmax_top1", "--static_cache=false")
-# Each row adds one optimisation to the row before it; the last tries the static cache on top of them all.
+OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--no_argmax_top1", "--draft_tokens=0",
+       "--static_cache=false")
+# Each row adds one optimisation to the row before it; the last tries the static cache, which turns drafts off.
 ROWS = (
     Row("everything off", OFF, "bytes"),
     Row("+ reflection memo", OFF[1:], "bytes"),
@@ -50,10 +52,12 @@ ROWS = (
     Row("+ contiguous LM-head input", OFF[3:], "choices"),
     # the same tokens but at exact ties of the top logits, which float32 all but never has
     Row("+ argmax for top-1 reflections", OFF[4:], "choices"),
+    # several tokens a forward pass: other matrix shapes, summed in another order
+    Row("+ drafted reflections (--draft_tokens)", OFF[5:], "choices"),
     Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--cpu_bf16", "--attn_implementation=sdpa"), "nothing"),
     # --attn_implementation=auto: eager attention for the trained policy in bf16 on a CPU, sdpa for the reflector
     Row("+ eager attention for the trained policy", ("--static_cache=false", "--cpu_bf16"), "nothing"),
-    Row("+ static KV cache (off by default)", ("--static_cache", "--cpu_bf16"), "nothing"),
+    Row("+ static KV cache instead of drafts (off by default)", ("--static_cache", "--cpu_bf16"), "nothing"),
 )
 
 
@@ -87,7 +91,8 @@ def play_iterations(argv: list[str]) -> dict:
         seconds.append(time.perf_counter() - tic)
         episodes += [json.dumps(e.to_dict(), sort_keys=True) for e in batch]
     return {"seconds": seconds, "episodes": episodes, "hit_rate": rollout.stats.reflection_hit_rate,
-            "decisions": rollout.stats.decisions}
+            "decisions": rollout.stats.decisions, "draft_acceptance": rollout.stats.drafts.acceptance,
+            "draft_passes": rollout.stats.drafts.passes}
 
 
 def main(argv: list[str]) -> int:
@@ -101,15 +106,18 @@ def main(argv: list[str]) -> int:
         first = first or played
         results.append({"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
                         "seconds": played["seconds"], "hit_rate": played["hit_rate"], "decisions": played["decisions"],
+                        "draft_acceptance": played["draft_acceptance"], "draft_passes": played["draft_passes"],
                         "identical_bytes": played["episodes"] == first["episodes"],
                         "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"]))})
     base = results[0]["s_per_iteration"]
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
           "iterations 2 and after\n")
-    print_table(["row", "s / iteration", "speed-up", "reflection memo hits", "episodes as row 1's"],
-                ["---", "---:", "---:", "---:", "---"],
+    print_table(["row", "s / iteration", "speed-up", "reflection memo hits", "drafted tokens accepted",
+                 "episodes as row 1's"],
+                ["---", "---:", "---:", "---:", "---:", "---"],
                 [[r["row"], f"{r['s_per_iteration']:.2f}", f"{base / r['s_per_iteration']:.2f}x",
-                  f"{100 * r['hit_rate']:.0f}%", _sameness(r)] for r in results])
+                  f"{100 * r['hit_rate']:.0f}%", f"{100 * r['draft_acceptance']:.0f}%" if r["draft_passes"] else "-",
+                  _sameness(r)] for r in results])
     save(out, results)
     return 0 if all(_kept(r) for r in results) else 1
 

@@ -125,7 +125,8 @@ def test_rl_with_reflection_resume_and_evaluation(chain):
 
 def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
     """The reflection memo and the static cache give the same episodes byte for byte on SmolLM2; the shared-
-    prefix cache the same actions and reflections, log-probs equal to rounding (see tests/test_rollout.py)."""
+    prefix cache and drafted reflections the same actions and reflections, log-probs equal to rounding (see
+    tests/test_rollout.py, tests/test_draft_decoding.py)."""
     import numpy as np
 
     from envs import make_env
@@ -154,6 +155,9 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
     assert play(**{**off, "static_cache": True})[1] == reference
     shared, prefixed = play(**{**off, "prefix_cache": True})
     assert shared.reflect_prefix.saved_tokens > 0 and shared.policy_prefix.saved_tokens > 0
+    drafting, drafted = play(**{**off, "draft_tokens": 4})
+    assert drafting.stats.drafts.accepted > 0
+    assert [e["decisions"] for e in drafted] == [e["decisions"] for e in reference]  # float32: byte for byte here
     for ours, theirs in zip(prefixed, reference, strict=True):
         assert [(d["action"], d["reflection"]) for d in ours["decisions"]] == \
                [(d["action"], d["reflection"]) for d in theirs["decisions"]]

@@ -412,7 +412,8 @@ class RLArguments(_Group):
     reflection_memo: bool = _arg(
         True, "Remember each reflection by its prompt's token ids and answer the same prompt again from memory "
         "(exact: the reflector is frozen and reflections are greedy, --argmax_top1 making them a function of the prompt "
-        "even where two top logits tie; --no_reflection_memo: generate every one).",
+        "even where two top logits tie; with --draft_tokens in bf16, exact to rounding: a near-tie may fall either way "
+        "with the guesses checked beside it; --no_reflection_memo: generate every one).",
         (REFLECTOR, GREEDY_REFLECTIONS))
     argmax_top1: bool = _arg(
         True, "With --top_k 1, take each reflection token as the argmax of the logits rather than sampling it from "
