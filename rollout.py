@@ -22,7 +22,6 @@ the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -393,9 +392,9 @@ class TwoPlayerRollout:
     def _drafted(self, ids: list[list[int]], inputs: dict, cache, hints: list[str | None], prefix: int) -> list[list[int]]:
         """The new tokens of greedy decoding with drafts looked up in each row's hint (its own, else the
         latest reflection generated) and its text so far."""
-        encode = functools.partial(self.reflect_tokenizer.encode, add_special_tokens=False)
-        sources = [draft_source(row, encode(hint) if hint else encode(self._last_text) if self._last_text else None)
-                   for row, hint in zip(ids, hints)]
+        texts = [hint or self._last_text or "" for hint in hints]
+        hint_ids = self.reflect_tokenizer(texts, add_special_tokens=False)["input_ids"]  # one call for the batch
+        sources = [draft_source(row, hint) for row, hint in zip(ids, hint_ids)]
         return greedy_with_drafts(
             self.reflector, input_ids=inputs["input_ids"][:, prefix:], attention_mask=inputs["attention_mask"],
             position_ids=inputs["position_ids"], cache=cache if cache is not None else DynamicCache(config=self.reflector.config),
