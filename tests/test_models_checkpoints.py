@@ -251,6 +251,45 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
                                       per_device_eval_batch_size=2, eval_steps=0)) == 0
 
 
+def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_and_gradients(make_args):
+    """--adapter_autocast: over a bfloat16 base, each LoRA layer's two products read bfloat16 (peft's own path
+    casts the input up to float32); the adapter's weights and their gradients stay float32, the logits stay
+    those of peft's path to bfloat16 rounding, and --no_adapter_autocast leaves peft's path as it is. On a
+    float32 model the flag changes nothing."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    seen, out = {}, {}
+    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 11, 12, 13]])
+    for on in (True, False):
+        torch.manual_seed(0)
+        model, _ = models.load_model_and_tokenizer(make_args(cpu_bf16=True, adapter_autocast=on))
+        layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
+        assert layers and all(getattr(m, "_autocast", False) is on for m in layers)
+        for m in layers:
+            m.lora_A["default"].register_forward_hook(
+                lambda mod, args, result, on=on: seen.setdefault(on, set()).add((args[0].dtype, result.dtype)))
+            torch.nn.init.normal_(m.lora_B["default"].weight, std=0.02)  # peft starts B at 0: give it a say
+        model.eval()
+        logits = model(input_ids=ids).logits
+        logits.float().square().mean().backward()
+        lora = [p for n, p in model.named_parameters() if "lora_" in n]
+        assert {p.dtype for p in lora} == {torch.float32} and {p.grad.dtype for p in lora} == {torch.float32}
+        assert all(bool(p.grad.abs().sum() > 0) for n, p in model.named_parameters() if "lora_B" in n)
+        out[on] = logits.detach().float()
+    assert seen[True] == {(torch.bfloat16, torch.bfloat16)}  # autocast: bf16 in, bf16 out
+    assert seen[False] == {(torch.float32, torch.float32)}  # peft: the input cast up to the weights' float32
+    assert not torch.equal(out[True], out[False])  # another arithmetic ...
+    assert torch.allclose(out[True], out[False], atol=0.05, rtol=0.02)  # ... to bfloat16's rounding
+
+    float32 = {}
+    for on in (True, False):
+        torch.manual_seed(0)
+        model, _ = models.load_model_and_tokenizer(make_args(adapter_autocast=on))
+        assert models.autocast_adapters(model) == 0  # nothing to gain on float32 weights
+        float32[on] = model(input_ids=ids).logits
+    assert torch.equal(float32[True], float32[False])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's choice of attention kernel")
 def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
     """--attn_implementation auto: eager where torch's CPU sdpa backward pass in bfloat16 is slow (a trained

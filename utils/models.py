@@ -328,7 +328,42 @@ def load_model_and_tokenizer(
         shrink_lm_head(model, label_token_ids(tokenizer))
     if args.contiguous_head:
         contiguous_head_input(model)
+    if args.adapter_autocast:
+        autocast_adapters(model)
     return model, tokenizer
+
+
+def autocast_adapters(model: nn.Module) -> int:
+    """Make each LoRA layer over a bfloat16/float16 base layer multiply its adapter in that dtype under
+    ``torch.autocast`` (``--adapter_autocast``). Returns how many layers were changed.
+
+    peft keeps adapter weights in float32 over a half-precision base and casts each layer's input up to
+    float32, multiplies, adds the result to the base layer's and casts the sum back. Under autocast the two
+    small products run in the base's dtype on the float32 weights, as mixed-precision training does (the
+    Trainer's in SFT): the weights, their gradients and the optimiser's states stay float32. The base layer's
+    own product is unchanged (its weights and input are already in that dtype)."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, LoraLinear) or getattr(module, "_autocast", False):
+            continue
+        weight = getattr(module.get_base_layer(), "weight", None)
+        if weight is None or weight.dtype not in (torch.bfloat16, torch.float16):
+            continue  # float32 (nothing to gain) or quantised (bitsandbytes' layers compute their own way)
+        module.cast_input_dtype_enabled = False  # autocast casts the weights to the input's dtype instead
+        module.forward = _under_autocast(module.forward, weight.device.type, weight.dtype)
+        module._autocast = True
+        changed += 1
+    return changed
+
+
+def _under_autocast(forward, device_type: str, dtype: torch.dtype):
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+    return run
 
 
 def _contiguous_input(module: nn.Module, inputs: tuple) -> tuple:
