@@ -8,8 +8,9 @@ Every row plays the same RL iterations: Taxi pickup with reflection, ``--per_dev
 iteration, from the same starting weights (loaded afresh for each row) and the same seeds. The first row
 has every optimisation off; each row after it adds one (:data:`ROWS`). Printed per row: seconds per
 iteration (the mean over the iterations after the first, which warms caches up), the speed-up over the
-first row, the reflection memo's hit rate, the share of drafted reflection tokens accepted, and how far
-the episodes equal the first row's: byte for byte (the memo must keep that), the same actions and
+first row, the same two per policy decision (rows in another arithmetic play other episodes, of other
+lengths), the reflection memo's hit rate, the share of drafted reflection tokens accepted, and how far the
+episodes equal the first row's: byte for byte (the memo must keep that), the same actions and
 reflections with log-probs equal to rounding (the shared-prefix cache, the contiguous head input, argmax
 and drafted reflections must keep that), or not at all (bf16 computes in another arithmetic). The exit
 status is 1 if a row broke its promise. Without checkpoints the untrained players are used, whose
@@ -87,14 +88,16 @@ def play_iterations(argv: list[str]) -> dict:
                                            for _ in range(args.per_device_eval_batch_size)])
     curriculum = taxi_curriculum(args.max_steps).only(0)  # pickup
     rng = np.random.default_rng(args.seed)
-    seconds, episodes = [], []
+    seconds, counts, episodes = [], [], []
     for _ in range(args.max_steps):
         tic = time.perf_counter()
         batch = play(rl_finetune.episode_starts(curriculum, 0, args.per_device_eval_batch_size, rng), rng)
         learner.update(batch, play, rng)
         seconds.append(time.perf_counter() - tic)
+        counts.append(sum(len(e.decisions) for e in batch))
         episodes += [json.dumps(e.to_dict(), sort_keys=True) for e in batch]
-    return {"seconds": seconds, "episodes": episodes, "hit_rate": rollout.stats.reflection_hit_rate,
+    return {"seconds": seconds, "decisions_per_iteration": counts, "episodes": episodes,
+            "hit_rate": rollout.stats.reflection_hit_rate,
             "decisions": rollout.stats.decisions, "draft_acceptance": rollout.stats.drafts.acceptance,
             "draft_passes": rollout.stats.drafts.passes}
 
@@ -109,21 +112,32 @@ def main(argv: list[str]) -> int:
         played = play_iterations([*defaults, *argv, *row.flags])
         first = first or played
         results.append({"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
-                        "seconds": played["seconds"], "hit_rate": played["hit_rate"], "decisions": played["decisions"],
+                        "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
+                        "seconds": played["seconds"], "decisions_per_iteration": played["decisions_per_iteration"],
+                        "hit_rate": played["hit_rate"], "decisions": played["decisions"],
                         "draft_acceptance": played["draft_acceptance"], "draft_passes": played["draft_passes"],
                         "identical_bytes": played["episodes"] == first["episodes"],
                         "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"]))})
     base = results[0]["s_per_iteration"]
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
           "iterations 2 and after\n")
-    print_table(["row", "s / iteration", "speed-up", "reflection memo hits", "drafted tokens accepted",
-                 "episodes as row 1's"],
-                ["---", "---:", "---:", "---:", "---:", "---"],
+    per_decision_base = results[0]["s_per_decision"]
+    print_table(["row", "s / iteration", "speed-up", "s / decision", "speed-up per decision", "reflection memo hits",
+                 "drafted tokens accepted", "episodes as row 1's"],
+                ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---"],
                 [[r["row"], f"{r['s_per_iteration']:.2f}", f"{base / r['s_per_iteration']:.2f}x",
+                  f"{r['s_per_decision']:.3f}", f"{per_decision_base / r['s_per_decision']:.2f}x",
                   f"{100 * r['hit_rate']:.0f}%", f"{100 * r['draft_acceptance']:.0f}%" if r["draft_passes"] else "-",
                   _sameness(r)] for r in results])
     save(out, results)
     return 0 if all(_kept(r) for r in results) else 1
+
+
+def per_decision(seconds: list[float], decisions: list[int]) -> float:
+    """Seconds per policy decision over the iterations :func:`steady_mean` counts. Rows in another arithmetic
+    play other episodes, longer or shorter; per decision, their work is compared on a like footing."""
+    steady = slice(1, None) if len(seconds) > 1 else slice(None)
+    return sum(seconds[steady]) / max(sum(decisions[steady]), 1)
 
 
 def _kept(result: dict) -> bool:

@@ -1,5 +1,6 @@
 """The loader, the label head, run directories, checkpoints and the metric logger."""
 
+import copy
 import json
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -265,6 +266,9 @@ def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_
         model, _ = models.load_model_and_tokenizer(make_args(cpu_bf16=True, adapter_autocast=on))
         layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
         assert layers and all(getattr(m, "_autocast", False) is on for m in layers)
+        if on:  # a copy of the model runs its own layers, not the original's
+            copied = [m for m in copy.deepcopy(model).modules() if isinstance(m, LoraLinear)]
+            assert all(m.forward.__self__ is m for m in copied)
         for m in layers:
             m.lora_A["default"].register_forward_hook(
                 lambda mod, args, result, on=on: seen.setdefault(on, set()).add((args[0].dtype, result.dtype)))

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -352,18 +353,17 @@ def autocast_adapters(model: nn.Module) -> int:
         if weight is None or weight.dtype not in (torch.bfloat16, torch.float16):
             continue  # float32 (nothing to gain) or quantised (bitsandbytes' layers compute their own way)
         module.cast_input_dtype_enabled = False  # autocast casts the weights to the input's dtype instead
-        module.forward = _under_autocast(module.forward, weight.device.type, weight.dtype)
+        module.forward = types.MethodType(_forward_under_autocast, module)  # a copied model rebinds it
         module._autocast = True
         changed += 1
     return changed
 
 
-def _under_autocast(forward, device_type: str, dtype: torch.dtype):
-    @functools.wraps(forward)
-    def run(*args, **kwargs):
-        with torch.autocast(device_type, dtype=dtype):
-            return forward(*args, **kwargs)
-    return run
+def _forward_under_autocast(layer: nn.Module, *args, **kwargs):
+    """A LoRA layer's own forward under autocast to its base weights' dtype, on their device."""
+    weight = layer.get_base_layer().weight
+    with torch.autocast(weight.device.type, dtype=weight.dtype):
+        return type(layer).forward(layer, *args, **kwargs)
 
 
 def _contiguous_input(module: nn.Module, inputs: tuple) -> tuple:
