@@ -219,9 +219,9 @@ class ModelArguments(_Group):
     adapter_autocast: bool = _arg(
         True, "Multiply LoRA adapters in the base model's bfloat16/float16 (torch.autocast), as the Trainer's mixed "
         "precision does in SFT; their weights, gradients and Adam states stay float32. peft keeps adapters in "
-        "float32 and casts each layer's input up and its output back: in an RL update of SmolLM2 in bfloat16 on "
-        "a CPU those float32 products and casts took about as long as the whole model's bfloat16 ones "
-        "(benchmarks/rl_iteration.py). Another arithmetic, as bf16 is; no effect on a float32 model "
+        "float32 and casts each layer's input up and its output back: a quarter of the time of an update pass of "
+        "SmolLM2 in bfloat16 on a CPU (benchmarks/rl_iteration.py). Another arithmetic, as bf16 is; no effect "
+        "on a float32 model "
         "(--no_adapter_autocast: peft's float32 products).")
     gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
     shrink_head: bool = _arg(
