@@ -61,7 +61,8 @@ ROWS = (
     Row("+ eager attention for the trained policy", ("--static_cache=false", "--no_adapter_autocast", "--cpu_bf16"),
         "nothing"),
     # LoRA's products in bf16 on float32 weights (with LoRA; on a model trained in full it changes nothing)
-    Row("+ bf16 LoRA products (--adapter_autocast)", ("--static_cache=false", "--cpu_bf16"), "nothing"),
+    Row("+ bf16 LoRA products (--adapter_autocast, off by default)",
+        ("--static_cache=false", "--cpu_bf16", "--adapter_autocast"), "nothing"),
     Row("+ static KV cache instead of drafts (off by default)", ("--static_cache", "--cpu_bf16"), "nothing"),
 )
 
