@@ -43,7 +43,7 @@ class Row:
 
 
 OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--no_argmax_top1", "--draft_tokens=0",
-       "--static_cache=false", "--no_adapter_autocast")
+       "--static_cache=false", "--adapter_autocast=false")
 # Each row adds one optimisation to the row before it; the last tries the static cache, which turns drafts off.
 ROWS = (
     Row("everything off", OFF, "bytes"),
@@ -55,10 +55,10 @@ ROWS = (
     Row("+ argmax for top-1 reflections", OFF[4:], "choices"),
     # several tokens a forward pass: other matrix shapes, summed in another order
     Row("+ drafted reflections (--draft_tokens)", OFF[5:], "choices"),
-    Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--no_adapter_autocast", "--cpu_bf16",
+    Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--adapter_autocast=false", "--cpu_bf16",
                                 "--attn_implementation=sdpa"), "nothing"),
     # --attn_implementation=auto: eager attention for the trained policy in bf16 on a CPU, sdpa for the reflector
-    Row("+ eager attention for the trained policy", ("--static_cache=false", "--no_adapter_autocast", "--cpu_bf16"),
+    Row("+ eager attention for the trained policy", ("--static_cache=false", "--adapter_autocast=false", "--cpu_bf16"),
         "nothing"),
     # LoRA's products in bf16 on float32 weights (with LoRA; on a model trained in full it changes nothing)
     Row("+ bf16 LoRA products (--adapter_autocast, off by default)",

@@ -255,7 +255,7 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
 def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_and_gradients(make_args):
     """--adapter_autocast: over a bfloat16 base, each LoRA layer's two products read bfloat16 (peft's own path
     casts the input up to float32); the adapter's weights and their gradients stay float32, the logits stay
-    those of peft's path to bfloat16 rounding, and --no_adapter_autocast leaves peft's path as it is. On a
+    those of peft's path to bfloat16 rounding, and without the flag peft's path as it is. On a
     float32 model the flag changes nothing."""
     from peft.tuners.lora import Linear as LoraLinear
 
