@@ -260,10 +260,11 @@ def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_
     from peft.tuners.lora import Linear as LoraLinear
 
     seen, out = {}, {}
-    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 11, 12, 13]])
+    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 11, 12, 13]], device=models.device())
+    bfloat16 = dict(load_in_8bit=False, bf16=True) if torch.cuda.is_available() else dict(cpu_bf16=True)
     for on in (True, False):
         torch.manual_seed(0)
-        model, _ = models.load_model_and_tokenizer(make_args(cpu_bf16=True, adapter_autocast=on))
+        model, _ = models.load_model_and_tokenizer(make_args(**bfloat16, adapter_autocast=on))
         layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
         assert layers and all(getattr(m, "_autocast", False) is on for m in layers)
         if on:  # a copy of the model runs its own layers, not the original's
@@ -288,7 +289,7 @@ def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_
     float32 = {}
     for on in (True, False):
         torch.manual_seed(0)
-        model, _ = models.load_model_and_tokenizer(make_args(adapter_autocast=on))
+        model, _ = models.load_model_and_tokenizer(make_args(load_in_8bit=False, bf16=False, adapter_autocast=on))
         assert models.autocast_adapters(model) == 0  # nothing to gain on float32 weights
         float32[on] = model(input_ids=ids).logits
     assert torch.equal(float32[True], float32[False])

@@ -1,6 +1,7 @@
 """rl_finetune.py end to end with tiny-gpt2 on Taxi: trainers, checkpoints, exact resume, NaN skips."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ def _adapter(checkpoint):
 
 
 @pytest.mark.parametrize("trainer, extra", [("pg", {"baseline": "mean"}), ("pg", {"baseline": "critic"}),
-                                            ("pg", {"baseline": "critic", "use_peft": False}),
+                                            ("pg", {"baseline": "critic", "use_peft": False, "load_in_8bit": False}),
                                             ("ppo", {}), ("refuel", {"oracle_completion": False, "horizon": 4})])
 def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     args = make_args(**{**FAST, **extra, "trainer": trainer, "max_steps": 3, "save_steps": 2})
@@ -128,7 +129,10 @@ def test_two_processes_roll_out_different_episodes_and_stay_in_sync(tmp_path):
                str(REPO / "rl_finetune.py"), "--model_name", "tiny-gpt2", "--env", "taxi", "--taxi_curriculum",
                "--curriculum_index", "0", "--first_step", "--max_steps", "2", "--save_steps", "2",
                "--per_device_eval_batch_size", "3", "--ckpt_path", str(tmp_path / "results")]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ)
+    if torch.cuda.device_count() < 2:  # one process per GPU: with fewer, both run on the CPU (gloo), as in CI
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = _runs(tmp_path)  # only rank 0 writes
     state = torch.load(run / "checkpoint-2" / checkpoints.TRAINER_STATE_FILE, weights_only=True)

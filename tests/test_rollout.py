@@ -380,7 +380,7 @@ def test_the_lm_head_reads_a_contiguous_copy_and_computes_the_same_logits(shrink
         heads = [head, head.full_head] if shrink else [head]
         for module in heads:
             module.register_forward_hook(lambda m, args, out, on=on: seen.setdefault(on, []).append(args[0].is_contiguous()))
-        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [1, 2, 3, 4]])
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [1, 2, 3, 4]], device=model.device)
         with torch.no_grad():
             logits[on] = model(input_ids=ids, logits_to_keep=1).logits
             with models.full_head(model):
@@ -398,7 +398,7 @@ def test_top1_reflections_by_argmax_are_the_sampled_ones_and_break_ties_by_the_l
 
     reflector, _ = models.load_model_and_tokenizer(ScriptArguments(**EXACT), trainable=False)
     prompt = [reflection_prompt(make_env("taxi").reset(seed=3)[0], make_env("taxi").action_head)]
-    ids = torch.tensor([reflect_tokenizer(prompt[0], add_special_tokens=False)["input_ids"]])
+    ids = torch.tensor([reflect_tokenizer(prompt[0], add_special_tokens=False)["input_ids"]], device=reflector.device)
     with torch.no_grad():
         first = int(reflector(input_ids=ids).logits[0, -1].argmax())
         twin = first - 1 if first > 0 else first + 1
