@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.rows import print_table, save, steady_mean, take_out
+from benchmarks.rows import print_table, save, steady, steady_mean, take_out
 from envs import make_env
 from envs.taxi import taxi_curriculum
 from experiment_args import parse_args
@@ -135,10 +135,9 @@ def main(argv: list[str]) -> int:
 
 
 def per_decision(seconds: list[float], decisions: list[int]) -> float:
-    """Seconds per policy decision over the iterations :func:`steady_mean` counts. Rows in another arithmetic
-    play other episodes, longer or shorter; per decision, their work is compared on a like footing."""
-    steady = slice(1, None) if len(seconds) > 1 else slice(None)
-    return sum(seconds[steady]) / max(sum(decisions[steady]), 1)
+    """Seconds per policy decision over the :func:`steady` iterations. Rows in another arithmetic play other
+    episodes, longer or shorter; per decision, their work is compared on a like footing."""
+    return sum(steady(seconds)) / max(sum(steady(decisions)), 1)
 
 
 def _kept(result: dict) -> bool:

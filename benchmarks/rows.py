@@ -20,9 +20,14 @@ def take_out(argv: list[str], prog: str) -> tuple[Path | None, list[str]]:
     return Path(argv[at + 1]), argv[:at] + argv[at + 2:]
 
 
+def steady(values: list) -> list:
+    """The measurements after the first (which warms caches and kernels up), or the first if it is alone."""
+    return values[1:] or values
+
+
 def steady_mean(seconds: list[float]) -> float:
-    """The mean time after the first (which warms caches and kernels up), or the first if it is alone."""
-    return float(np.mean(seconds[1:] or seconds))
+    """The mean of the :func:`steady` times."""
+    return float(np.mean(steady(seconds)))
 
 
 def print_table(header: list[str], align: list[str], rows: list[list[str]]) -> None:

@@ -110,6 +110,18 @@ def test_the_readme_names_its_benchmarks():
                                                         "benchmarks.llm_concurrency"}
 
 
+def test_the_benchmarks_count_the_iterations_after_the_first():
+    """The first iteration warms caches and kernels up: a row's time per iteration and per decision are
+    taken over the rest (over the first only when it is alone)."""
+    from benchmarks.rl_iteration import per_decision
+    from benchmarks.rows import steady, steady_mean
+
+    assert steady([9, 2, 4]) == [2, 4] and steady([9]) == [9]
+    assert steady_mean([9.0, 2.0, 4.0]) == 3.0 and steady_mean([9.0]) == 9.0
+    assert per_decision([9.0, 2.0, 4.0], [50, 2, 4]) == 1.0  # (2 + 4) s over (2 + 4) decisions
+    assert per_decision([3.0], [6]) == 0.5 and per_decision([3.0, 1.0], [6, 0]) == 1.0
+
+
 @pytest.mark.slow
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
