@@ -45,10 +45,7 @@ DATA_EPISODES = 2000  # per level played (pickup, drop-off)
 # validation panel and climbs (README, "Taxi drop-off: the ablation").
 DATA_RANDOM_PROB = 0.3
 PICKUP_ITERATIONS = 40  # the curriculum runs' pickup phase, before their drop-off iterations
-# every run's drop-off iterations. 80 took 23.9-25.5 min a seed (the limit is 25), and the validation panel
-# (40 episodes) at drop-off iteration 40 had the curriculum run ahead on all three seeds (95 / 82.5 / 60%
-# against 87.5 / 75 / 52.5%) while at 80 the two had met (README, "Taxi drop-off: the ablation", step 4).
-DROPOFF_ITERATIONS = 40
+DROPOFF_ITERATIONS = 80  # every run's drop-off iterations
 
 CL = dict(iterations=PICKUP_ITERATIONS + DROPOFF_ITERATIONS, level_steps=(PICKUP_ITERATIONS, DROPOFF_ITERATIONS))
 NO_CL = dict(iterations=DROPOFF_ITERATIONS, flags=("--curriculum_index=1",))
