@@ -222,8 +222,7 @@ class ModelArguments(_Group):
         "float32 and casts each layer's input up and its output back: a quarter of the time of an update pass of "
         "SmolLM2 in bfloat16 on a CPU (benchmarks/rl_iteration.py). Off by default: in RL with trained SmolLM2 "
         "checkpoints it did not pay (2.83 against 2.65 s per 1,000 tokens). Another arithmetic, as bf16 is; no "
-        "effect on a float32 model "
-        "(off: peft's float32 products).")
+        "effect on a float32 model (off: peft's float32 products).")
     gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
     shrink_head: bool = _arg(
         False,
