@@ -42,7 +42,7 @@ import shutil
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,15 +86,33 @@ def call(main, argv: list[str]) -> None:
 
 
 @dataclass(frozen=True)
+class LatestRun:
+    """An argument naming another stage's output, found when its stage starts (a run's folder is numbered when it
+    runs, so a stage queued before that run cannot know it): ``prefix`` + the latest ``script`` run under ``runs``
+    + ``/`` + ``tail``."""
+
+    prefix: str
+    runs: Path
+    script: str
+    tail: str
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{latest_run(self.runs, self.script) / self.tail}"
+
+
+@dataclass(frozen=True)
 class Stage:
-    """One script run of the pipeline: ``module.main`` on ``argv``, its output in ``log``; ``inputs``: what else
-    it reads that its command does not name (an evaluation's list of rows), so that a changed one runs it again."""
+    """One script run of the pipeline: ``module.main`` on ``argv`` (strings, or :class:`LatestRun` items read
+    when it starts), its output in ``log``; ``inputs``: what else it reads that its command does not name (an
+    evaluation's list of rows), so that a changed one runs it again; ``needs``: the stages (by name) whose
+    output it reads, which must have finished before it starts."""
 
     name: str
     module: str
-    argv: list[str]
+    argv: list
     log: Path
     inputs: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
 
 
 def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
@@ -106,14 +124,15 @@ def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     seconds = {}
     for stage in stages:
-        seconds[stage.name] = once(stage.log.parent, stage.log.stem, [stage.module, *stage.argv, *stage.inputs],
-                                   lambda stage=stage: _run_logged(stage))
+        argv = [str(item) for item in stage.argv]
+        seconds[stage.name] = once(stage.log.parent, stage.log.stem, [stage.module, *argv, *stage.inputs],
+                                   lambda stage=stage, argv=argv: _run_logged(stage, argv))
     return seconds
 
 
-def _run_logged(stage: Stage) -> None:
+def _run_logged(stage: Stage, argv: list[str]) -> None:
     with _output_to(stage.log):
-        call(importlib.import_module(stage.module).main, stage.argv)
+        call(importlib.import_module(stage.module).main, argv)
 
 
 def once(logs: Path, name: str, what: list[str], work) -> float:
@@ -179,21 +198,53 @@ def stage_threads(workers: int, streams: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // max(1, min(workers, streams)))
 
 
-def run_side_by_side(streams: list[list[Stage]], workers: int) -> dict[str, float]:
-    """Run each stream (stages in order) in its own process, ``workers`` streams at a time."""
+def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[str, ...] = ()) -> dict[str, float]:
+    """Run each stream's stages in order, the streams side by side in ``workers`` processes; a stage starts once
+    the stages it ``needs`` have finished, in any stream (``finished``: stages run before this call).
+
+    Each process has its share of the cores, fixed by the plan (:func:`stage_threads`). When a stage fails, no
+    other one starts, those running finish, and the failure is raised."""
+    known = {stage.name for stream in streams for stage in stream} | set(finished)
     for stage in (stage for stream in streams for stage in stream):
+        unknown = sorted(set(stage.needs) - known)
+        if unknown:
+            raise ValueError(f"stage {stage.name!r} needs {unknown}, which no stream runs")
         say(f"{stage.name}: queued (log: {stage.log})")
-    seconds: dict[str, float] = {}
+    pending = [list(stream) for stream in streams]
+    done, seconds = set(finished), {}
+
+    def ready(busy: set[int]) -> list[int]:
+        """The streams whose next stage can start now."""
+        return [i for i, stream in enumerate(pending) if stream and i not in busy and set(stream[0].needs) <= done]
+
+    def finish(i: int, result: dict[str, float]) -> None:
+        seconds.update(result)
+        done.add(pending[i].pop(0).name)
+
+    def stuck() -> RuntimeError:
+        waiting = {stream[0].name: sorted(set(stream[0].needs) - done) for stream in pending if stream}
+        return RuntimeError(f"stages wait on each other and none can start: {waiting}")
+
     if workers <= 1:
-        for stream in streams:
-            seconds.update(_run_stages(stream, torch.get_num_threads()))
+        threads = torch.get_num_threads()
+        while any(pending):
+            starts = ready(set())
+            if not starts:
+                raise stuck()
+            finish(starts[0], _run_stages([pending[starts[0]][0]], threads))
     else:
         threads = stage_threads(workers, len(streams))
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
         with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=exit_with,
                                  initargs=(os.getpid(),)) as pool:
-            for done in [pool.submit(_run_stages, stream, threads) for stream in streams]:
-                seconds.update(done.result())
+            running: dict = {}  # future -> its stream
+            while any(pending):
+                for i in ready(set(running.values())):
+                    running[pool.submit(_run_stages, [pending[i][0]], threads)] = i
+                if not running:
+                    raise stuck()
+                for future in wait(running, return_when=FIRST_COMPLETED).done:
+                    finish(running.pop(future), future.result())  # a failure: raised when the running ones end
     for name, s in seconds.items():
         say(f"{name}: done in {s:.0f} s")
     return seconds
@@ -306,22 +357,20 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     timed("data generation (oracle writer)", lambda: [call(main, argv) for main, argv in steps],
           done=("data", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps]))
 
-    # --- 2. SFT, the reflector beside the policies
+    # --- 2. SFT, the reflector beside the policies; 3. RLFT, each variant playing the validation panel
+    sft_names = {role: f"SFT of the {role} ({spec.file})" for role, spec in recipe.sft.items()}
+
+    def sft_checkpoint(role: str, prefix: str = "") -> LatestRun:
+        return LatestRun(prefix, runs / f"sft-{role}", "supervised_pretrain", f"checkpoint-{recipe.sft[role].steps}")
+
     def sft_stage(role: str) -> Stage:
         spec = recipe.sft[role]
-        return Stage(f"SFT of the {role} ({spec.file})", "supervised_pretrain", [
+        return Stage(sft_names[role], "supervised_pretrain", [
             *model, f"--ckpt_path={runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
             f"--max_steps={spec.steps}", f"--save_steps={spec.steps}", *recipe.sft_flags,
             f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}", *spec.flags],
             logs / f"sft-{role}.log")
 
-    tic = time.time()
-    timings.update(run_side_by_side([[sft_stage(role) for role in stream] for stream in recipe.sft_streams], workers))
-    timings["SFT (wall)"] = time.time() - tic
-    sft_dirs = {role: latest_run(runs / f"sft-{role}", "supervised_pretrain") / f"checkpoint-{spec.steps}"
-                for role, spec in recipe.sft.items()}
-
-    # --- 3. RLFT, each variant playing the validation panel
     rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
                  f"--per_device_eval_batch_size={budget['rl_batch']}",
                  f"--per_device_train_batch_size={budget['rl_train_batch']}",
@@ -332,19 +381,30 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
     def rl_stage(name: str) -> Stage:
         variant = recipe.rl[name]
-        starts = [f"--load_dir={sft_dirs[variant.policy]}"] if variant.policy else []
+        starts = [sft_checkpoint(variant.policy, "--load_dir=")] if variant.policy else []
         starts += [f"--replay_batch_size={budget['rl_replay']}"] if variant.trainer == "pg" else []  # PG's replay
         starts += [*variant.flags, *(["--curriculum_steps", *map(str, variant.level_steps)] if variant.level_steps else [])]
         if variant.reflector:
-            starts += [f"--reflect_load_dir={sft_dirs[variant.reflector]}", f"--top_k={budget['reflect_top_k']}"]
+            starts += [sft_checkpoint(variant.reflector, "--reflect_load_dir="), f"--top_k={budget['reflect_top_k']}"]
         return Stage(f"RLFT: {name}", "rl_finetune", [*rl_common, *starts, f"--ckpt_path={rl_runs[name]}",
                                                         f"--max_steps={variant.iterations}",
                                                         f"--save_steps={variant.iterations}"],
-                     logs / f"rl-{slug(name)}.log")
+                     logs / f"rl-{slug(name)}.log",
+                     needs=tuple(sft_names[role] for role in (variant.policy, variant.reflector) if role))
 
+    sft_streams = [[sft_stage(role) for role in stream] for stream in recipe.sft_streams]
+    rl_streams = [[rl_stage(name) for name in stream] for stream in recipe.rl_streams]
     tic = time.time()
-    timings.update(run_side_by_side([[rl_stage(name) for name in stream] for stream in recipe.rl_streams], workers))
-    timings["RLFT (wall)"] = time.time() - tic
+    if recipe.overlap:  # RL stream i goes on where SFT stream i ends; a run starts once its SFT models are trained
+        timings.update(run_side_by_side([sft + rl for sft, rl in zip(sft_streams, rl_streams)], workers))
+        timings["SFT and RLFT (wall)"] = time.time() - tic
+    else:
+        timings.update(run_side_by_side(sft_streams, workers))
+        timings["SFT (wall)"] = time.time() - tic
+        tic = time.time()
+        timings.update(run_side_by_side(rl_streams, workers, finished=tuple(sft_names.values())))
+        timings["RLFT (wall)"] = time.time() - tic
+    sft_dirs = {role: Path(str(sft_checkpoint(role))) for role in recipe.sft}
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
     played = {name: sum(record.get("episodes_played", 0) for record in metrics.read_metrics(path))
               for name, path in rl.items()}  # the episode budget each run spent, its learner's own ones included

@@ -7,7 +7,8 @@ get, and where it departs from the paper and why. ``demo.py`` runs any recipe th
 1. data (``Recipe.data``), in this process;
 2. SFT of every role of ``Recipe.sft``, in the side-by-side streams ``Recipe.sft_streams``;
 3. RLFT of every variant of ``Recipe.rl``, each playing a fixed validation panel, in the streams
-   ``Recipe.rl_streams``;
+   ``Recipe.rl_streams``: once every SFT has finished, or (``Recipe.overlap``) each RL stream going on where the
+   SFT stream of its index ends, a run starting as soon as the SFT models it reads are trained;
 4. every row of ``Recipe.rows`` evaluated on each of ``Recipe.evaluations`` (the same episodes for
    every row and training seed), and the reflector's accuracy (``Recipe.accuracy``);
 5. the table and the curves.
@@ -117,8 +118,14 @@ class Recipe:
     # The same column on a pretrained model (``demo.py --model_name``): the recipe for it, given the model's
     # name (None: the column has no recipe for a pretrained model yet).
     pretrained: Callable[[str], "Recipe"] | None = None
+    # RL stream i goes on in the process of SFT stream i, each run starting once its SFT models are trained, not
+    # after every SFT: runs that read no long-trained model fill the time a long SFT (the reflector's) takes.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
+        if self.overlap and len(self.sft_streams) != len(self.rl_streams):
+            raise ValueError(f"recipe {self.name}: overlap pairs SFT and RL streams, but there are "
+                             f"{len(self.sft_streams)} and {len(self.rl_streams)}")
         missing = set(RUNNER_BUDGET) - set(self.budget)
         if missing:
             raise ValueError(f"recipe {self.name}: budget lacks {sorted(missing)}")

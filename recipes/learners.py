@@ -85,7 +85,7 @@ def compare(recipe: Recipe, learners: list[str], reflection: str = "both") -> Re
         recipe, name=f"{recipe.name}-learners", title=f"{recipe.title}, learners compared", rl=rl,
         sft={role: spec for role, spec in recipe.sft.items() if role in used}, sft_streams=sft_streams,
         accuracy=recipe.accuracy if any(row.sft_role and row.reflector for row in rows) else None,
-        rl_streams=tuple((name,) for name in rl), rows=tuple(rows), figures=figures, pretrained=None,
+        rl_streams=tuple((name,) for name in rl), overlap=False, rows=tuple(rows), figures=figures, pretrained=None,
         evaluations={name: dataclasses.replace(evaluation, rows=None) for name, evaluation in
                      list(recipe.evaluations.items())[:1]},  # the column's main held-out episodes, every row
         extra={**recipe.extra, "learners": list(learners), "reflection": reflection, "group_size": GROUP_SIZE})

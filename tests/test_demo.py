@@ -238,6 +238,78 @@ def test_a_stage_gets_the_cores_no_other_stage_runs_on():
     assert demo.stage_threads(3, 3, cores=2) == 1  # never fewer than one
 
 
+def _probe(tmp_path: Path, name: str, needs: tuple[str, ...] = ()) -> demo.Stage:
+    return demo.Stage(name, "tests.stage_probe", [f"--output_dir={tmp_path / name}"], tmp_path / "logs" / f"{name}.log",
+                      needs=needs)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stage_starts_once_the_stages_it_needs_have_finished_in_any_stream(tmp_path, workers):
+    """The policy's SFT and two runs in one stream, a long SFT ending with the reflector's in the other: the run
+    that reads the policy only goes on at once, the one that reads the reflector waits for it (in another
+    process, with 2 workers; with 1, the other stream's stages run first)."""
+    policy = _probe(tmp_path, "policy")
+    plain_rl = _probe(tmp_path, "plain-rl", needs=("policy",))
+    reflect_rl = _probe(tmp_path, "reflect-rl", needs=("policy", "reflector"))
+    long_sft = [_probe(tmp_path, "warm-up-1"), _probe(tmp_path, "warm-up-2"), _probe(tmp_path, "reflector")]
+    seconds = demo.run_side_by_side([[policy, plain_rl, reflect_rl], long_sft], workers)
+    assert set(seconds) == {"policy", "plain-rl", "reflect-rl", "warm-up-1", "warm-up-2", "reflector"}
+    order = (tmp_path / "order.txt").read_text().split("\n")[:-1]
+    at = {line: index for index, line in enumerate(order)}
+    assert at["end policy"] < at["start plain-rl"] and at["end policy"] < at["start reflect-rl"]
+    assert at["end reflector"] < at["start reflect-rl"]
+    if workers == 2:  # side by side: the run that needs no reflector did not wait for it
+        assert at["start plain-rl"] < at["end reflector"]
+
+
+def test_stages_waiting_on_each_other_or_on_no_stage_are_refused(tmp_path):
+    one, other = _probe(tmp_path, "one", needs=("other",)), _probe(tmp_path, "other", needs=("one",))
+    for workers in (1, 2):
+        with pytest.raises(RuntimeError, match="wait on each other.*'one': \\['other'\\]"):
+            demo.run_side_by_side([[one], [other]], workers)
+    with pytest.raises(ValueError, match="'one' needs \\['other'\\], which no stream runs"):
+        demo.run_side_by_side([[one]], 1)
+    demo.run_side_by_side([[one]], 1, finished=("other",))  # finished before: it runs
+    assert (tmp_path / "one").is_dir() and not (tmp_path / "other").exists()
+
+
+def test_after_a_failed_stage_no_other_starts(tmp_path, monkeypatch):
+    ran = []
+
+    def call(main, argv):
+        ran.append(argv[0])
+        if argv[0] == "fails":
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(demo, "call", call)
+    logs = tmp_path / "logs"
+    stage = {name: demo.Stage(name, "demo", [name], logs / f"{name}.log") for name in ("fails", "after", "beside")}
+    with pytest.raises(RuntimeError, match="killed"):
+        demo.run_side_by_side([[stage["fails"], stage["after"]], [stage["beside"]]], 1)
+    assert ran == ["fails"]
+
+
+def test_a_stage_reads_the_run_folder_another_stage_made_when_it_starts(tmp_path, monkeypatch):
+    """A run's folder is numbered when it runs (a resumed SFT makes 2_...), so an RL stage queued before the SFT
+    ran names its checkpoint by :class:`demo.LatestRun`, found when the RL stage starts."""
+    runs, seen = tmp_path / "runs", []
+
+    def call(main, argv):
+        if argv[0] == "sft":
+            for number in (1, 2):
+                (runs / f"{number}_supervised_pretrain").mkdir(parents=True)
+        seen.append(argv)
+
+    monkeypatch.setattr(demo, "call", call)
+    latest = demo.LatestRun("--load_dir=", runs, "supervised_pretrain", "checkpoint-9")
+    logs = tmp_path / "logs"
+    rl = demo.Stage("rl", "demo", ["rl", latest], logs / "rl.log", needs=("sft",))
+    demo.run_side_by_side([[rl], [demo.Stage("sft", "demo", ["sft"], logs / "sft.log")]], 1)
+    assert seen[-1] == ["rl", f"--load_dir={runs / '2_supervised_pretrain' / 'checkpoint-9'}"]
+    done = json.loads((logs / "rl.done.json").read_text())  # the marker holds the command as it ran
+    assert done["what"] == ["demo", *seen[-1]]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):

@@ -1,6 +1,7 @@
 """The experiment runner's recipes: each is complete, Taxi pickup stays `make demo`, and AutoExplore's
 data keeps its evaluation tasks apart from training's and validation's."""
 
+import dataclasses
 import json
 import math
 
@@ -107,6 +108,22 @@ def test_taxi_dropoff_has_the_papers_rows_and_the_curriculum_ablation():
     assert len(cl.level_steps) == 2 and cl.level_steps[1] == no_cl.iterations  # as many drop-off iterations
     assert "--curriculum_index=1" in no_cl.flags  # drop-off from the first iteration
     assert recipe.rl["SFT+RLFT w/o reflection"].level_steps == cl.level_steps
+
+
+def test_taxi_dropoff_runs_what_reads_no_reflector_while_the_reflector_trains():
+    """Its RL runs go on in the SFT streams (overlap): the policies' stream trains them, then the runs that read no
+    reflector, then the one that reads it; Reflect-RL follows the reflector's SFT in its stream."""
+    recipe = RECIPES["taxi_dropoff"]
+    assert recipe.overlap and recipe.sft_streams[0] == ("reflector",) and recipe.rl_streams[0] == ("Reflect-RL",)
+    readers = [recipe.rl[name].reflector is not None for name in recipe.rl_streams[1]]
+    assert readers == sorted(readers) and readers[-1]  # every run without a reflector first
+    assert recipe.sft["reflector"].steps == 1500 and recipe.sft["policy"] == RECIPES["taxi_pickup"].sft["policy"]
+
+
+def test_overlap_pairs_each_rl_stream_with_an_sft_stream():
+    recipe = RECIPES["taxi_dropoff"]
+    with pytest.raises(ValueError, match="overlap pairs SFT and RL streams, but there are 2 and 1"):
+        dataclasses.replace(recipe, rl_streams=(tuple(recipe.rl),))
 
 
 @pytest.mark.slow
