@@ -53,7 +53,7 @@ import yaml
 from evaluation import evaluate
 from experiment_args import parse_args
 from recipes import DEFAULT, RECIPES, learners
-from recipes.base import Recipe
+from recipes.base import Evaluation, Recipe
 from recipes.paper_table import markdown as beside_the_paper
 from utils import checkpoints, metrics
 from utils.io import write_json, write_text_atomic
@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                           "its Reflect-RL and w/o-reflection runs once per learner, results in <task>-learners/")
     cli.add_argument("--reflection", default="both", choices=learners.REFLECTION,
                      help="with --learners: each learner's runs with reflection, without, or both")
+    cli.add_argument("--check_reflectors", nargs="+", metavar="CHECKPOINT",
+                     help="train nothing: judge these SFT reflectors on validation episodes, read by the SFT policy of "
+                          "--seed's finished (or stopped) run, and print a table (to choose a reflector's SFT budget)")
     options = cli.parse_args(list(argv or []))
     seeds = options.seeds if options.seeds is not None else [options.seed]
     if len(set(seeds)) != len(seeds):
@@ -290,9 +293,19 @@ def main(argv: list[str] | None = None) -> int:
             cli.error(str(error))
     elif options.reflection != "both":
         cli.error("--reflection: only with --learners")
+    if options.check_reflectors is not None:
+        if len(recipes) != 1 or len(seeds) != 1:
+            cli.error("--check_reflectors: one --task and one --seed")
+        (recipe,) = recipes
+        folder = column_dir(top, recipe) / f"seed-{seeds[0]}"
+        try:
+            say(check_reflectors(recipe, folder, options.check_reflectors))
+        except ValueError as error:
+            cli.error(str(error))
+        return 0
     done = []
     for recipe in recipes:
-        root = top if recipe.name == DEFAULT else top / recipe.name
+        root = column_dir(top, recipe)
         runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers) for seed in seeds}
         report = seeds_report(recipe, runs)
         write_text_atomic(root / "results.md", report)
@@ -304,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomic(top / "paper_table.md", table)
         say(f"the paper's table beside ours ({top / 'paper_table.md'}):\n\n{table}")
     return 0
+
+
+def column_dir(top: Path, recipe: Recipe) -> Path:
+    """Where a column's seeds and tables go: ``top`` itself for the default one (``make demo``), else a folder."""
+    return top if recipe.name == DEFAULT else top / recipe.name
 
 
 def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int) -> dict:
@@ -416,14 +434,10 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
     configs = [{"name": row.name, "load_dir": str(policy_dir(row)),
                 **({"reflect_load_dir": str(sft_dirs[row.reflector])} if row.reflector else {})} for row in recipe.rows]
-    eval_common = [*model, *recipe.task, f"--seed={budget['eval_seed']}", "--shrink_head",
-                   f"--eval_reps={budget['eval_episodes']}", f"--per_device_eval_batch_size={budget['eval_batch']}",
-                   f"--eval_level_episodes={budget.get('eval_level_episodes', 0)}",
-                   f"--top_k={budget['reflect_top_k']}"]
     results = [dict(config, levels={}) for config in configs]
     accuracy: dict[str, list] = {}
     for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
-        eval_argv = [*eval_common, *evaluation.flags(data)]
+        eval_argv = evaluation_argv(recipe, evaluation, data)
         eval_args = parse_args([*eval_argv, f"--ckpt_path={runs}"])
         prefix = level_prefix(recipe, name)
         label = "evaluation" if index == 0 else f"evaluation ({name})"
@@ -459,6 +473,41 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     (folder / "results.md").write_text(report, encoding="utf-8")
     say(f"seed {seed} ({folder / 'results.md'}):\n\n{report}")
     return {"results": results, "reflector_accuracy": accuracy, "timings": timings, "rl_episodes": played}
+
+
+def evaluation_argv(recipe: Recipe, evaluation: Evaluation, data: Path) -> list[str]:
+    """The flags ``evaluation`` is played with (the same episodes and sampling for every row and seed)."""
+    budget = recipe.budget
+    return [*recipe.model, *recipe.task, f"--seed={budget['eval_seed']}", "--shrink_head",
+            f"--eval_reps={budget['eval_episodes']}", f"--per_device_eval_batch_size={budget['eval_batch']}",
+            f"--eval_level_episodes={budget.get('eval_level_episodes', 0)}", f"--top_k={budget['reflect_top_k']}",
+            *evaluation.flags(data)]
+
+
+def check_reflectors(recipe: Recipe, folder: Path, reflectors: list[str]) -> str:
+    """Each of ``reflectors`` (SFT checkpoints) judged on the validation episodes of the recipe's main evaluation:
+    the seed's (``folder``) SFT policy plays them reading it, and its advice is compared with the oracle's move
+    (``Recipe.accuracy``). A table, to choose a reflector's SFT (its budget, its rate) without a held-out episode."""
+    if recipe.accuracy is None:
+        raise ValueError(f"--check_reflectors: recipe {recipe.name} has no reflector accuracy (its advice names no move)")
+    row = next(row for row in recipe.rows if row.sft_role and row.reflector)
+    policy = folder / "runs" / f"sft-{row.sft_role}"
+    if not checkpoints.run_dirs(policy, "supervised_pretrain"):
+        raise ValueError(f"--check_reflectors: no SFT {row.sft_role} in {policy}: run the seed first")
+    policy = latest_run(policy, "supervised_pretrain") / f"checkpoint-{recipe.sft[row.sft_role].steps}"
+    for reflector in map(Path, reflectors):
+        if not reflector.is_dir():
+            raise ValueError(f"--check_reflectors: {reflector} is not a checkpoint folder")
+    evaluation = next(iter(recipe.evaluations.values()))
+    eval_args = parse_args([*evaluation_argv(recipe, evaluation, folder / "data"), f"--ckpt_path={folder / 'runs'}"])
+    lines = [f"Reflectors on {recipe.budget['accuracy_episodes']} validation episodes a unit, read by {policy}:", "",
+             "| reflector | advice right | states | episodes right throughout | episodes |", "|---|---:|---:|---:|---:|"]
+    for reflector in reflectors:
+        found = recipe.accuracy(recipe, eval_args, {"name": row.name, "load_dir": str(policy),
+                                                     "reflect_load_dir": str(reflector)}, split="validation")
+        (right, states), (whole, episodes) = found["all"], found["episodes"]
+        lines.append(f"| {reflector} | {right:.3f} | {states} | {whole:.3f} | {episodes} |")
+    return "\n".join(lines) + "\n"
 
 
 def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,

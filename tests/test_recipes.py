@@ -4,6 +4,7 @@ data keeps its evaluation tasks apart from training's and validation's."""
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 
@@ -127,7 +128,7 @@ def test_overlap_pairs_each_rl_stream_with_an_sft_stream():
 
 
 @pytest.mark.slow
-def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, monkeypatch):
+def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, monkeypatch, capsys):
     """The drop-off column at a tiny budget: the curriculum runs train pickup then drop-off, the others drop-off
     only; every run's panel plays drop-off validation episodes; every row is judged on drop-off and Reflect-RL
     also on the full task; the final episodes are apart from training's and the panel's."""
@@ -161,6 +162,34 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
         episodes = [json.loads(x) for x in (run / f"checkpoint-{variant.iterations}" / "episodes.jsonl")
                     .read_text().splitlines()]
         assert all(e["seed"] < HELD_OUT_SEED < VALIDATION_SEED for e in episodes)
+    accuracy = json.loads((root / "results.json").read_text())["1"]["reflector_accuracy"]
+    assert accuracy["episodes"][1] == 2 and 0 <= accuracy["episodes"][0] <= accuracy["all"][0]
+
+    # the reflector check: the seed's SFT policy reads each given reflector on validation episodes, never held-out
+    import recipes.accuracy
+
+    played = []
+
+    def validation(args, env, reps):
+        played.extend(start.seed for start in VALIDATION(args, env, reps))
+        return VALIDATION(args, env, reps)
+
+    VALIDATION = recipes.accuracy.SPLITS["validation"]
+    monkeypatch.setitem(recipes.accuracy.SPLITS, "validation", validation)
+    reflector = next((seed / "runs" / "sft-reflector").glob("*_supervised_pretrain/checkpoint-2"))
+    said = []
+    monkeypatch.setattr(demo, "say", said.append)
+    check = ["--task", "taxi_dropoff", f"--ckpt_path={tmp_path}", "--seed", "1", "--check_reflectors"]
+    assert demo.main([*check, str(reflector), str(reflector)]) == 0
+    rows = [line for line in said[-1].splitlines() if line.startswith(f"| {reflector} |")]
+    assert len(rows) == 2 and rows[0] == rows[1] and rows[0].endswith("| 2 |")  # 2 episodes, the same for each
+    assert len(played) == 4 and all(VALIDATION_SEED <= s < VALIDATION_SEED + 2 for s in played)
+    for argv, error in (([*check, str(tmp_path / "none")], "is not a checkpoint folder"),
+                        (["--task", "taxi_dropoff", f"--ckpt_path={tmp_path}", "--seed", "2", "--check_reflectors",
+                          str(reflector)], "no SFT policy in .*seed-2.*: run the seed first")):
+        with pytest.raises(SystemExit):
+            demo.main(argv)
+        assert re.search(f"--check_reflectors: .*{error}", capsys.readouterr().err)
 
 
 def _fake_run(recipe, success: float) -> dict:
