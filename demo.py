@@ -6,6 +6,7 @@
     python demo.py --task auto_explore    # another column (recipes.RECIPES: taxi_dropoff, alfworld, ...)
     python demo.py --task all --seeds 0 1 2   # every column, then the paper's table beside ours
     python demo.py --learners pg ppo refuel rloo grpo gigpo --seeds 0 1 2   # the RL learners side by side
+    python demo.py --task taxi_dropoff --seed 0 --check_reflectors CKPT ...   # reflectors on validation episodes
 
 A recipe (``recipes/``) holds a column's budget and its departures from the paper with their
 reasons. Per training seed the runner plays it the same way for every column:
@@ -18,7 +19,10 @@ reasons. Per training seed the runner plays it the same way for every column:
 5. a results table shaped like the paper's, a plot of the RL curves, and the recipe's own figures of
    validation curves (e.g. the drop-off column's Figure 4).
 
-Independent stages run side by side in ``--workers`` processes (2), each stage's output in ``seed-N/logs/``.
+Independent stages run side by side in ``--workers`` processes (2), each stage's output in ``seed-N/logs/``; a
+stage starts once the stages it reads have finished (``Stage.needs``), so an RL run may start beside an SFT
+it does not read (``Recipe.overlap``). ``--check_reflectors`` trains nothing: it judges SFT reflectors on
+validation episodes, to choose a reflector's SFT without a held-out episode.
 A seed that finished with the same settings is read back from its ``finished.json`` instead of run again,
 so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds. A seed that stopped part-way (killed, or a stage
 failed) resumes with the same settings: its data and every stage that finished (``logs/<stage>.done.json``)
