@@ -104,6 +104,11 @@ class LatestRun:
         return f"{self.prefix}{latest_run(self.runs, self.script) / self.tail}"
 
 
+def sft_checkpoint_of(recipe: Recipe, runs: Path, role: str, prefix: str = "") -> LatestRun:
+    """The final checkpoint of SFT ``role`` in a seed's ``runs`` folder, found when it is read."""
+    return LatestRun(prefix, runs / f"sft-{role}", "supervised_pretrain", f"checkpoint-{recipe.sft[role].steps}")
+
+
 @dataclass(frozen=True)
 class Stage:
     """One script run of the pipeline: ``module.main`` on ``argv`` (strings, or :class:`LatestRun` items read
@@ -383,7 +388,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     sft_names = {role: f"SFT of the {role} ({spec.file})" for role, spec in recipe.sft.items()}
 
     def sft_checkpoint(role: str, prefix: str = "") -> LatestRun:
-        return LatestRun(prefix, runs / f"sft-{role}", "supervised_pretrain", f"checkpoint-{recipe.sft[role].steps}")
+        return sft_checkpoint_of(recipe, runs, role, prefix)
 
     def sft_stage(role: str) -> Stage:
         spec = recipe.sft[role]
@@ -495,10 +500,10 @@ def check_reflectors(recipe: Recipe, folder: Path, reflectors: list[str]) -> str
     if recipe.accuracy is None:
         raise ValueError(f"--check_reflectors: recipe {recipe.name} has no reflector accuracy (its advice names no move)")
     row = next(row for row in recipe.rows if row.sft_role and row.reflector)
-    policy = folder / "runs" / f"sft-{row.sft_role}"
-    if not checkpoints.run_dirs(policy, "supervised_pretrain"):
-        raise ValueError(f"--check_reflectors: no SFT {row.sft_role} in {policy}: run the seed first")
-    policy = latest_run(policy, "supervised_pretrain") / f"checkpoint-{recipe.sft[row.sft_role].steps}"
+    try:
+        policy = str(sft_checkpoint_of(recipe, folder / "runs", row.sft_role))
+    except RuntimeError as missing:  # no such run yet
+        raise ValueError(f"--check_reflectors: no SFT {row.sft_role} in {folder / 'runs'}: run the seed first") from missing
     for reflector in map(Path, reflectors):
         if not reflector.is_dir():
             raise ValueError(f"--check_reflectors: {reflector} is not a checkpoint folder")
@@ -507,7 +512,7 @@ def check_reflectors(recipe: Recipe, folder: Path, reflectors: list[str]) -> str
     lines = [f"Reflectors on {recipe.budget['accuracy_episodes']} validation episodes a unit, read by {policy}:", "",
              "| reflector | advice right | states | episodes right throughout | episodes |", "|---|---:|---:|---:|---:|"]
     for reflector in reflectors:
-        found = recipe.accuracy(recipe, eval_args, {"name": row.name, "load_dir": str(policy),
+        found = recipe.accuracy(recipe, eval_args, {"name": row.name, "load_dir": policy,
                                                      "reflect_load_dir": str(reflector)}, split="validation")
         (right, states), (whole, episodes) = found["all"], found["episodes"]
         lines.append(f"| {reflector} | {right:.3f} | {states} | {whole:.3f} | {episodes} |")

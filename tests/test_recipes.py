@@ -56,8 +56,6 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     """The whole AutoExplore column at a tiny budget: six rows, depth 1 and 2 on the test split and on the
     held-out repository, each depth at least its minimum of episodes, the reflector's accuracy. The tasks
     and their split do not depend on the training seed; the trajectories do."""
-    import dataclasses
-
     from recipes import auto_explore
     from tests.test_demo import ONE_PROCESS, scaled
 
@@ -132,8 +130,6 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
     """The drop-off column at a tiny budget: the curriculum runs train pickup then drop-off, the others drop-off
     only; every run's panel plays drop-off validation episodes; every row is judged on drop-off and Reflect-RL
     also on the full task; the final episodes are apart from training's and the panel's."""
-    import dataclasses
-
     from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
     from tests.test_demo import ONE_PROCESS, scaled
     from utils import checkpoints, metrics
@@ -251,7 +247,6 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
     """The ALFWorld column at a tiny budget on a copy of the hand-made game as its train and valid trials: RL
     and its validation panel play the train trials, the final evaluation the valid ones (repeated to its
     minimum), at seeds apart from each other's."""
-    import dataclasses
     import importlib.util
     import shutil
 
