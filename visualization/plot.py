@@ -126,7 +126,7 @@ def plot_panel(runs: list[tuple[str, Path, int]], output: Path, xlabel: str = "R
     """One panel: the validation success (``heldout_success``) of each ``(name, run directory, shift)`` as
     measured, iterations shifted by ``shift`` (e.g. minus a pickup curriculum's iterations, so that every
     run's drop-off training starts at 0, as the paper's Figure 4)."""
-    figure, axis = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
+    figure, axis = plt.subplots(figsize=(6.4, 4.8), constrained_layout=True)
     for name, path, shift in runs:
         points = [(r["step"] - shift, r["heldout_success"]) for r in metrics.read_metrics(path)
                   if isinstance(r.get("heldout_success"), (int, float))]
@@ -140,7 +140,8 @@ def plot_panel(runs: list[tuple[str, Path, int]], output: Path, xlabel: str = "R
     axis.set_xlabel(xlabel)
     axis.set_ylabel("validation success")
     axis.grid(alpha=0.3)
-    axis.legend(loc="best", fontsize=9)
+    # below the axes, not over them: several curves cross the middle of the panel
+    figure.legend(loc="outside lower center", ncols=2, fontsize=9)
     if title:
         axis.set_title(title)
     return _save(figure, output)
