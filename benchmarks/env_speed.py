@@ -4,9 +4,9 @@
 
 Random policy, fixed seeds. AutoExplore explores this project's ``data_gen`` folder (or
 ``--repo_dir``); ALFWorld runs the hand-made fixture and, when ``--alfworld_data`` (or
-``$ALFWORLD_DATA``) is given, the real tomato→microwave games there, with and without the worker's
-memo of the engine's PDDL translation and grammar parsing (``envs.alfworld_worker.memoise_engine``), and the
-first reset of a game in a worker with the memo's translations kept on disk by another worker or not (in a
+``$ALFWORLD_DATA``) is given, the real tomato→microwave games there, as textworld plays them, then with the
+worker's memo of the engine's PDDL translation and grammar parsing (``envs.alfworld_worker.memoise_engine``)
+and with its grammar's contexts copied without deep copies (``copy_contexts_shallowly``), and the first reset of a game in a worker with the memo's translations kept on disk by another worker or not (in a
 temporary store of the run's own).
 """
 
@@ -26,6 +26,10 @@ from experiment_args import parse_args
 from utils.paths import SHARED_DIR
 
 FIXTURES = SHARED_DIR / "alfworld" / "fixtures"
+# The real games' engine as textworld has it, then with each of the worker's exact speed-ups added in turn.
+ENGINE_ROWS = (("engine as textworld has it", False, False),
+               ("+ engine memoised", True, False),
+               ("+ grammar contexts copied shallowly", True, True))
 
 
 def measure(env, options_for, episodes: int, seed: int) -> dict:
@@ -69,10 +73,11 @@ def main(args) -> int:
     with tempfile.TemporaryDirectory() as cache, _cache_at(cache):  # the engine's translations kept in a store of
         # this run's own, filled here only
         if data:  # 6 episodes (at most --runs) over 2 games; with the memo a game played again resets without re-translating
-            for memoise in (False, True):
-                env = make_env("alfworld", data_root=data, horizon=10, memoise_engine=memoise, keep_translations=False)
+            for name, memoise, shallow in ENGINE_ROWS:
+                env = make_env("alfworld", data_root=data, horizon=10, memoise_engine=memoise, keep_translations=False,
+                               shallow_contexts=shallow)
                 games = env.problems[:2]
-                rows.append((f"alfworld (tomato->microwave, train; engine {'memoised' if memoise else 'not memoised'})",
+                rows.append((f"alfworld (tomato->microwave, train; {name})",
                              measure(env, lambda rng, games=games: {"problem": str(games[int(rng.integers(2))])},
                                      min(episodes, 6), args.seed)))
         print("\n| environment | episodes | steps | reset (median, ms) | steps/s |\n|---|---:|---:|---:|---:|")

@@ -59,7 +59,9 @@ class ALFWorldEnv(TextEnv):
     the first N problems only. ``memoise_engine=False`` turns off the worker's memo of the engine's pure
     answers (``alfworld_worker.memoise_engine``: the same episodes, slower), for comparisons;
     ``keep_translations=False`` keeps the memo's game translations in the worker only, not also on disk in the
-    project's cache (``alfworld_worker.engine_store``), where every worker and later run finds them.
+    project's cache (``alfworld_worker.engine_store``), where every worker and later run finds them;
+    ``shallow_contexts=False`` keeps textworld's deep copies of its grammar's contexts
+    (``alfworld_worker.copy_contexts_shallowly``: the same episodes, slower).
     """
 
     default_horizon = 30
@@ -78,7 +80,7 @@ class ALFWorldEnv(TextEnv):
                  block_list: str | os.PathLike | None = None, scratch_dir: str | os.PathLike | None = None,
                  problems: list | None = None, render_mode: str | None = None, labels=None, few_data: int = 0,
                  history_steps: int = 0, text_layout: str = "ours", memoise_engine: bool = True,
-                 keep_translations: bool = True):
+                 keep_translations: bool = True, shallow_contexts: bool = True):
         super().__init__(horizon=horizon, shuffle_action=shuffle_action, render_mode=render_mode, labels=labels,
                          text_layout=text_layout)
         if history_steps < 0:
@@ -112,7 +114,7 @@ class ALFWorldEnv(TextEnv):
             scratch_parent.mkdir(parents=True, exist_ok=True)
         # Without a scratch_dir, in this process's scratch folder, which a later run removes if this one is killed.
         self.scratch = Path(tempfile.mkdtemp(prefix="alfworld_", dir=scratch_dir or process_folder()))
-        self._worker = _Worker(self.scratch, memoise_engine, keep_translations)
+        self._worker = _Worker(self.scratch, memoise_engine, keep_translations, shallow_contexts)
         self._finalizer = weakref.finalize(self, _release, self._worker, self.scratch)
 
         self.problem: Path | None = None

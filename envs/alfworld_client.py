@@ -42,10 +42,11 @@ class _Worker:
     Holds no reference to the env, so that the env's finalizer can shut it down.
     """
 
-    def __init__(self, scratch: Path, memoise: bool = True, keep: bool = True):
+    def __init__(self, scratch: Path, memoise: bool = True, keep: bool = True, shallow: bool = True):
         self.scratch = scratch
         self.memoise = memoise  # the worker remembers the engine's pure answers (alfworld_worker.memoise_engine)
         self.keep = keep  # ... its translations on disk too (alfworld_worker.engine_store)
+        self.shallow = shallow  # the grammar's contexts copied without deep copies (alfworld_worker.copy_contexts_shallowly)
         self.process = None
         self.conn = None
 
@@ -77,8 +78,8 @@ class _Worker:
         # "spawn", not fork: the parent may hold torch threads and CUDA state.
         context = multiprocessing.get_context("spawn")
         conn, child_conn = context.Pipe()
-        process = context.Process(target=serve, args=(child_conn, str(self.scratch), self.memoise, self.keep),
-                                  daemon=True, name="alfworld-worker")
+        process = context.Process(target=serve, daemon=True, name="alfworld-worker",
+                                  args=(child_conn, str(self.scratch), self.memoise, self.keep, self.shallow))
         process.start()
         # Closing our copy of the child's end is what lets a dead worker read as EOF here.
         child_conn.close()

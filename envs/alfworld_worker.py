@@ -89,6 +89,31 @@ def memoise_engine(store: Path | None = None) -> None:
     _remember(textworld.envs.pddl.textgen, "_parse_and_convert")
 
 
+def copy_contexts_shallowly() -> None:
+    """Make textworld's text grammar copy its derivation contexts without deep-copying what they name.
+
+    To write each admissible command and each feedback, the grammar copies a context (the variables a
+    template names and their mapping to the game's entities) for every symbol it expands, with ``deepcopy``:
+    every entity's record, again and again, about two thirds of a real game's step (and of a reset's after its
+    translation). Only the two dicts are ever changed (entries added), and the records are only read (the
+    grammar's expressions are attribute reads such as ``o.name``), so copying the dicts and sharing the records
+    gives the same texts: the same episodes (tests/test_alfworld.py, on the fixture and on a real game).
+    ``ALFWorldEnv(shallow_contexts=False)`` keeps textworld's deep copies.
+    """
+    import textworld.envs.pddl.textgen as textgen
+
+    deep = textgen.copy_context
+    if hasattr(deep, "__wrapped__"):
+        return
+
+    def shallow(context: dict) -> dict:
+        return {"state": context["state"], "facts": context["facts"], "variables": dict(context["variables"]),
+                "mapping": dict(context["mapping"]), "entity_infos": context["entity_infos"]}
+
+    shallow.__wrapped__ = deep
+    textgen.copy_context = shallow
+
+
 def engine_store() -> Path:
     """The folder of the engine's kept translations: in the project's cache, one per version of the engine's
     packages (a new translator never reads an old one's answers)."""
@@ -155,13 +180,15 @@ def _kept(folder: Path, key: tuple, compute) -> bytes:
 class _Game:
     """One textworld game at a time, restarted from a freshly built game file at each reset."""
 
-    def __init__(self, memoise: bool = True, keep: bool = True):
+    def __init__(self, memoise: bool = True, keep: bool = True, shallow: bool = True):
         import textworld
         import textworld.gym
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
         if memoise:
             memoise_engine(engine_store() if keep else None)
+        if shallow:
+            copy_contexts_shallowly()
         self._textworld = textworld
         self._wrappers = (AlfredDemangler, AlfredInfos, AlfredExpert)
         self._env = None
@@ -199,14 +226,14 @@ class _Game:
             self._env = None
 
 
-def serve(conn, alfworld_data: str, memoise: bool = True, keep: bool = True) -> None:
+def serve(conn, alfworld_data: str, memoise: bool = True, keep: bool = True, shallow: bool = True) -> None:
     """The worker's main loop (the ``target`` of its process); ``memoise``, ``keep``: :func:`memoise_engine`,
-    with the translations kept on disk (:func:`engine_store`) or not."""
+    with the translations kept on disk (:func:`engine_store`) or not; ``shallow``: :func:`copy_contexts_shallowly`."""
     # Importing alfworld creates $ALFWORLD_DATA (default ~/.cache/alfworld) if missing;
     # point it at the env's scratch folder so that nothing appears in the user's home.
     os.environ.setdefault("ALFWORLD_DATA", alfworld_data)
     try:
-        game = _Game(memoise, keep)
+        game = _Game(memoise, keep, shallow)
     except Exception as error:  # reported to the parent, which raises it
         conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
         return

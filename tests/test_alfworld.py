@@ -363,10 +363,11 @@ def test_real_game_oracle_wins():
 
 
 def _played(memoise: bool, problems: list, seeds: tuple[int, ...], rounds: int = 2,
-            keep: bool = True) -> list:
+            keep: bool = True, shallow: bool = True) -> list:
     """Each problem played from each seed, ``rounds`` times over (after the first, from a warm worker): every
     episode's trace (oracle and random labels mixed)."""
-    env = ALFWorldEnv(problems=problems, memoise_engine=memoise, keep_translations=keep, horizon=12)
+    env = ALFWorldEnv(problems=problems, memoise_engine=memoise, keep_translations=keep, shallow_contexts=shallow,
+                      horizon=12)
     traces = []
     try:
         for _ in range(rounds):
@@ -391,6 +392,37 @@ def test_the_memoised_engine_plays_the_same_episodes():
     with_memo = _played(True, [FIXTURE], (0, 1), keep=False)
     without = _played(False, [FIXTURE], (0, 1), rounds=1)
     assert with_memo == without * 2
+
+
+def test_shallow_grammar_contexts_play_the_same_episodes():
+    """The grammar's contexts copied without deep copies (``alfworld_worker.copy_contexts_shallowly``): the same
+    episodes as textworld's deep copies, with the memo off and on."""
+    deep = _played(False, [FIXTURE], (0, 1), rounds=1, shallow=False)
+    assert _played(False, [FIXTURE], (0, 1), rounds=1) == deep
+    assert _played(True, [FIXTURE], (0, 1), keep=False) == deep * 2
+
+
+def test_shallow_contexts_share_the_records_and_copy_the_dicts(monkeypatch):
+    """In this process: what the patch copies (the two dicts the grammar adds to) and shares (the entities'
+    records, which it only reads), its original kept for the switch, and a second call changing nothing."""
+    import textworld.envs.pddl.textgen as textgen
+
+    from envs.alfworld_worker import copy_contexts_shallowly
+
+    original = textgen.copy_context
+    monkeypatch.setattr(textgen, "copy_context", original)  # restored after the test
+    copy_contexts_shallowly()
+    copy_contexts_shallowly()
+    assert textgen.copy_context.__wrapped__ is original
+    record, variable, state = object(), object(), object()
+    context = {"state": state, "facts": [], "variables": {"o": record}, "mapping": {"p": variable}, "entity_infos": {}}
+    copied = textgen.copy_context(context)
+    assert copied == context and copied["state"] is state
+    assert copied["variables"] is not context["variables"] and copied["mapping"] is not context["mapping"]
+    assert copied["variables"]["o"] is record and copied["mapping"]["p"] is variable
+    copied["variables"]["r"] = record
+    assert "r" not in context["variables"]
+    assert original(context)["variables"]["o"] is not record  # textworld's own: a deep copy
 
 
 def test_kept_translations_are_shared_by_new_workers_and_exact(tmp_path, monkeypatch):
@@ -437,11 +469,12 @@ def test_a_cache_that_cannot_be_written_leaves_the_memo_in_the_worker(tmp_path, 
 
 @pytest.mark.slow
 def test_the_memoised_engine_on_a_real_game_is_exact(tmp_path, monkeypatch):
-    """(Its speed is measured by benchmarks.env_speed.) The translations kept in a fresh store: the first round
-    translates, the second replays from the worker's memory, then a new worker reads them from disk."""
+    """(Its speed is measured by benchmarks.env_speed.) Against textworld as it is (no memo, deep copies of the
+    grammar's contexts), the translations kept in a fresh store: the first round translates, the second replays
+    from the worker's memory, then a new worker reads them from disk."""
     monkeypatch.setenv("REFLECTRL_CACHE", str(tmp_path / "cache"))
     (problem,) = find_problems(TOMATO, "train", PAPER_TASK)[:1]
-    without = _played(False, [problem], (3,), rounds=1)
+    without = _played(False, [problem], (3,), rounds=1, shallow=False)
     with_memo = _played(True, [problem], (3,))
     from_disk = _played(True, [problem], (3,), rounds=1)
     assert with_memo == without * 2 and from_disk == without
