@@ -241,6 +241,15 @@ def test_alfworld_has_the_papers_rows_on_the_papers_family():
     assert recipe.budget["eval_level_episodes"] >= 200
 
 
+def test_alfworld_runs_rlft_only_beside_the_sft_stream():
+    """RLFT only reads no SFT model, so its stream starts it at once while the other trains the three SFT models
+    and runs Reflect-RL; SFT+RLFT w/o reflection follows in the second stream, waiting for its policy (overlap)."""
+    recipe = RECIPES["alfworld"]
+    assert recipe.overlap and recipe.sft_streams == (("reflector", "policy", "plain"), ())
+    assert recipe.rl_streams == (("Reflect-RL",), ("RLFT only", "SFT+RLFT w/o reflection"))
+    assert recipe.rl["RLFT only"].policy is None and recipe.rl["RLFT only"].reflector is None
+
+
 @pytest.mark.slow
 @pytest.mark.alfworld
 def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_ones(tmp_path, monkeypatch):
