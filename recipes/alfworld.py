@@ -34,19 +34,14 @@ HORIZON = 15  # the paper's
 # (about 430): the whole history of a 15-step episode would double what the policy reads at its end.
 HISTORY_STEPS = 3
 DATA_EPISODES = 120
-# Room, history and commands reach 1,350 tokens where the agent holds an object (a "move" command per receptacle):
-# the whole prompt is read (tiny-gpt2 has 2,048 positions), not its last 1,024, which cut the room's list short
-# and left a batch's rows no common head for the shared-prefix cache.
-MAX_SEQ_LENGTH = 2048
 TASK = ("--env=alfworld", f"--alfworld_data={DATA}", f"--alfworld_task={FAMILY}", "--shuffle_action",
-        f"--horizon={HORIZON}", f"--alfworld_history_steps={HISTORY_STEPS}", f"--max_seq_length={MAX_SEQ_LENGTH}")
+        f"--horizon={HORIZON}", f"--alfworld_history_steps={HISTORY_STEPS}")
 
 # ALFWorld's texts are 500 to 1,300 tokens: batches of 8 texts of similar length, as AutoExplore's. Without
 # dropout (the paper's --disable_dropout; the departure below has the measured step times): with attention
 # dropout torch's CPU attention takes its slow path (a 640-token batch: 1.36 s against 0.35 s a layer,
 # forward and backward).
-SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=20", "--disable_dropout",
-             f"--max_seq_length={MAX_SEQ_LENGTH}")
+SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=20", "--disable_dropout")
 SFT = {
     "reflector": SFTRole("sft_reflection.jsonl", 150, 2e-3, "cosine"),
     "policy": SFTRole("sft_policy.jsonl", 80, 1e-3, "cosine"),
@@ -63,7 +58,7 @@ BUDGET = {**taxi_pickup.BUDGET,
           "rl_train_batch": 16,
           "eval_episodes": 1,
           "eval_level_episodes": 200,  # the 4 valid trials, 50 episodes each
-          "eval_batch": 25,  # a batch plays one trial: its rows share the room's text (the prefix cache)
+          "eval_batch": 16,
           "panel_every": 4,
           "panel_episodes": 1,  # per train trial: 7 validation episodes
           "accuracy_episodes": 1}
