@@ -9,10 +9,13 @@ plays the train trials at validation seeds (new task sentences, never the valid 
 trials there is none to spare for a validation split.
 
 The game engine and the prompt's length set the budget: a real game resets in about 6 s and steps in about
-0.15 s on one core; its worker remembers the engine's pure answers (``envs.alfworld_worker.memoise_engine``),
-so a game played again resets in 0.25-0.5 s and a step takes about 0.03 s of CPU, and keeps the game's
-translations on disk, so a game any worker translated before resets that fast in a new worker too. A batch's games run side by
-side in their worker processes (``rollout._pool``). A policy step reads 700-900 tokens. Seeds 0 and 1
+0.15 s on one core as textworld has it; its worker remembers the engine's pure answers
+(``envs.alfworld_worker.memoise_engine``), so a game played again resets in 0.25-0.5 s, keeps the game's
+translations on disk, so a game any worker translated before resets that fast in a new worker too, and copies
+the text grammar's contexts without deep copies (``copy_contexts_shallowly``), which halves a step again. A
+batch's games run side by side in their worker processes (``rollout._pool``). A policy step reads 700-1,024
+tokens (prompts are cut from the left at ``--max_seq_length``, 1,024: where the agent holds an object, a
+"move" command per receptacle makes them longer). Seeds 0 and 1
 took 75 min and about 2 h on the 2-core machine under load, seed 2 (SFT without dropout) 76.5 min on free
 cores, every row at 0% on each (README, "ALFWorld: what it measured, and what it costs"), with a validation
 ablation: 5x the SFT steps, 0.3 random instead of 0.7, and unshuffled labels all left the plain SFT policy at
