@@ -6,8 +6,9 @@ Random policy, fixed seeds. AutoExplore explores this project's ``data_gen`` fol
 ``--repo_dir``); ALFWorld runs the hand-made fixture and, when ``--alfworld_data`` (or
 ``$ALFWORLD_DATA``) is given, the real tomato→microwave games there, as textworld plays them, then with the
 worker's memo of the engine's PDDL translation and grammar parsing (``envs.alfworld_worker.memoise_engine``)
-and with its grammar's contexts copied without deep copies (``copy_contexts_shallowly``), and the first reset of a game in a worker with the memo's translations kept on disk by another worker or not (in a
-temporary store of the run's own).
+and with its grammar's contexts copied without deep copies (``copy_contexts_shallowly``), and the first reset
+of a game in a worker with the memo's translations kept on disk by another worker or not (in a temporary store
+of the run's own).
 """
 
 import contextlib
