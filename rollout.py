@@ -131,6 +131,45 @@ class Choice(NamedTuple):
     action: int  # index into the policy's label alphabet
     logprob: float  # at the temperature
     entropy: float  # of the distribution over the valid labels
+    row: torch.Tensor | None = None  # the label log-probs with their graph, where the pass is kept for the update
+
+
+class KeptPasses:
+    """The policy's forward passes of the latest training rollout, kept with their autograd graphs so that the
+    update reads each decision's label log-probs from them instead of reading its prompt again
+    (``--reuse_rollout_pass``).
+
+    Valid only at the weights they were computed with: each parameter's version counter is compared when the
+    update takes them, and any in-place change since (an optimiser step, weights swapped in) drops them all.
+    A backward pass frees a graph for every row of its forward pass, so they are taken once, in one piece:
+    the leading run of the given decisions that has kept rows; whatever else was kept is dropped.
+    """
+
+    def __init__(self, policy):
+        self.watch = WeightsWatch(policy)
+        self.rows: dict[int, tuple[Decision, torch.Tensor]] = {}  # id(decision) -> (decision, its row)
+
+    def clear(self) -> None:
+        """Forget every kept pass (a new training rollout begins at the current weights)."""
+        self.rows.clear()
+        self.watch.changed()
+
+    def keep(self, decision: "Decision", row: torch.Tensor) -> None:
+        self.rows[id(decision)] = (decision, row)
+
+    def take(self, decisions: list["Decision"]) -> list[torch.Tensor]:
+        """The kept rows of the leading decisions that have one (none if the weights changed since), consumed."""
+        if not self.rows:
+            return []
+        taken = []
+        if not self.watch.changed():
+            for decision in decisions:
+                entry = self.rows.get(id(decision))
+                if entry is None or entry[0] is not decision:
+                    break
+                taken.append(entry[1])
+        self.rows.clear()
+        return taken
 
 
 @dataclass
@@ -165,6 +204,7 @@ class PolicyScorer:
         self.labels = label_alphabet(tokenizer)
         self.label_index = {label: i for i, label in enumerate(self.labels)}
         self.label_ids = torch.tensor(label_token_ids(tokenizer, self.labels))
+        self.kept = KeptPasses(policy)  # the training rollout's passes, for the update (--reuse_rollout_pass)
 
     def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False,
                  prefix: PrefixKV | None = None) -> LabelScores:
@@ -402,26 +442,38 @@ class TwoPlayerRollout:
             draft_tokens=self.draft_tokens, pad_id=self.reflect_tokenizer.pad_token_id, stats=self.stats.drafts)
 
     @torch.no_grad()
-    def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator) -> list[Choice]:
-        """One sampled (or greedy) label per prompt, from one batched forward pass."""
+    def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator,
+            keep: bool = False) -> list[Choice]:
+        """One sampled (or greedy) label per prompt, from one batched forward pass; with ``keep``, the pass
+        runs with gradient and each choice carries its row of label log-probs with the graph (the prompts are
+        then read whole: a prefix read without gradient would cut the graph)."""
         if not prompts:
             return []
-        scores = self.scorer.logprobs(prompts, valid, prefix=self.policy_prefix)
+        rows = [None] * len(prompts)
+        if keep:
+            with torch.enable_grad():  # the rows too: a view taken under no_grad would not reach the graph
+                scores = self.scorer.logprobs(prompts, valid)
+                rows = list(scores.logprobs.unbind(0))
+        else:
+            scores = self.scorer.logprobs(prompts, valid, prefix=self.policy_prefix)
         self.stats.truncated += scores.truncated
         self.stats.policy_tokens += scores.tokens
         self.stats.decisions += len(prompts)
-        logp = scores.logprobs.cpu()
+        logp = scores.logprobs.detach().cpu()
         if self.greedy:
             actions = logp.argmax(-1)
         else:
             actions = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
         entropies = entropy_of(logp)
-        return [Choice(int(a), float(logp[i, a]), float(entropies[i])) for i, a in enumerate(actions)]
+        return [Choice(int(a), float(logp[i, a]), float(entropies[i]), rows[i]) for i, a in enumerate(actions)]
 
     # --- episodes ---------------------------------------------------------------------------
 
-    def run(self, envs: list[TextEnv], starts: list[EpisodeStart], rng: np.random.Generator) -> list[Episode]:
-        """Play one episode per env from ``starts``; all randomness comes from ``rng``."""
+    def run(self, envs: list[TextEnv], starts: list[EpisodeStart], rng: np.random.Generator,
+            keep_passes: bool = False) -> list[Episode]:
+        """Play one episode per env from ``starts``; all randomness comes from ``rng``. ``keep_passes``
+        (``--reuse_rollout_pass``, training rollouts): keep the policy's forward passes with their graphs in
+        ``scorer.kept``, for the update (:class:`KeptPasses`); the passes kept before are dropped."""
         if len(envs) != len(starts):
             raise ValueError(f"{len(envs)} envs but {len(starts)} episode starts")
         for env in envs:
@@ -429,11 +481,13 @@ class TwoPlayerRollout:
                 raise ValueError(f"an environment shows the labels {env.label_set[:12]}..., the policy reads "
                                  f"{self.labels[:12]}...: build it with make_env(..., labels=rollout.labels)")
         self.stats.episodes += len(starts)
+        if keep_passes:
+            self.scorer.kept.clear()
         with _pool(envs) as pool:
-            return self._run(envs, starts, rng, pool)
+            return self._run(envs, starts, rng, pool, keep_passes)
 
     def _run(self, envs: list[TextEnv], starts: list[EpisodeStart], rng: np.random.Generator,
-             pool: ThreadPoolExecutor | None) -> list[Episode]:
+             pool: ThreadPoolExecutor | None, keep_passes: bool = False) -> list[Episode]:
         slots = _each(pool, lambda pair: Slot.begin(*pair), list(zip(envs, starts)))
         running = slots
         while running:
@@ -449,8 +503,11 @@ class TwoPlayerRollout:
                 valid = [[self.scorer.label_index[label] for label in slot.info["labels"]] for slot in free]
             else:
                 valid = [list(range(len(self.labels)))] * len(free)  # one list, never changed
-            for slot, prompt, labels, choice in zip(free, prompts, valid, self.act(prompts, valid, generator)):
+            choices = self.act(prompts, valid, generator, keep_passes)
+            for slot, prompt, labels, choice in zip(free, prompts, valid, choices):
                 slot.decide(prompt, labels, choice)
+                if choice.row is not None:
+                    self.scorer.kept.keep(slot.episode.decisions[-1], choice.row)
             _each(pool, Slot.play, running)
             running = [slot for slot in running if not slot.done]
         return [slot.episode for slot in slots]

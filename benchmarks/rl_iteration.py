@@ -43,7 +43,7 @@ class Row:
 
 
 OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--no_argmax_top1", "--draft_tokens=0",
-       "--static_cache=false", "--adapter_autocast=false")
+       "--static_cache=false", "--adapter_autocast=false", "--reuse_rollout_pass=false")
 # Each row adds one optimisation to the row before it; the last tries the static cache, which turns drafts off.
 ROWS = (
     Row("everything off", OFF, "bytes"),
@@ -55,15 +55,20 @@ ROWS = (
     Row("+ argmax for top-1 reflections", OFF[4:], "choices"),
     # several tokens a forward pass: other matrix shapes, summed in another order
     Row("+ drafted reflections (--draft_tokens)", OFF[5:], "choices"),
-    Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--adapter_autocast=false", "--cpu_bf16",
-                                "--attn_implementation=sdpa"), "nothing"),
+    Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--adapter_autocast=false", "--reuse_rollout_pass=false",
+                                "--cpu_bf16", "--attn_implementation=sdpa"), "nothing"),
     # --attn_implementation=auto: eager attention for the trained policy in bf16 on a CPU, sdpa for the reflector
-    Row("+ eager attention for the trained policy", ("--static_cache=false", "--adapter_autocast=false", "--cpu_bf16"),
-        "nothing"),
+    Row("+ eager attention for the trained policy",
+        ("--static_cache=false", "--adapter_autocast=false", "--reuse_rollout_pass=false", "--cpu_bf16"), "nothing"),
+    # the update's gradient from the rollout's own passes, kept with their graphs (the same to rounding: tests/
+    # test_learners.py); the policy's prompts are then read whole
+    Row("+ the update reads the rollout's passes (--reuse_rollout_pass, off by default)",
+        ("--static_cache=false", "--adapter_autocast=false", "--cpu_bf16", "--reuse_rollout_pass"), "nothing"),
     # LoRA's products in bf16 on float32 weights (with LoRA; on a model trained in full it changes nothing)
     Row("+ bf16 LoRA products (--adapter_autocast, off by default)",
-        ("--static_cache=false", "--cpu_bf16", "--adapter_autocast"), "nothing"),
-    Row("+ static KV cache instead of drafts (off by default)", ("--static_cache", "--cpu_bf16"), "nothing"),
+        ("--static_cache=false", "--cpu_bf16", "--reuse_rollout_pass", "--adapter_autocast"), "nothing"),
+    Row("+ static KV cache instead of drafts (off by default)",
+        ("--static_cache", "--cpu_bf16", "--reuse_rollout_pass", "--adapter_autocast"), "nothing"),
 )
 
 
@@ -86,7 +91,8 @@ def play_iterations(argv: list[str]) -> dict:
     learner = LEARNERS[args.trainer](LearnerSettings.from_args(args), rollout.scorer,
                                      Accelerator(cpu=not torch.cuda.is_available()))
     play = functools.partial(rollout.run, [make_env("taxi", horizon=args.horizon or 10, labels=rollout.labels)
-                                           for _ in range(args.per_device_eval_batch_size)])
+                                           for _ in range(args.per_device_eval_batch_size)],
+                             keep_passes=args.reuse_rollout_pass)
     curriculum = taxi_curriculum(args.max_steps).only(0)  # pickup
     rng = np.random.default_rng(args.seed)
     seconds, counts, episodes = [], [], []

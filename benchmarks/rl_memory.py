@@ -1,6 +1,7 @@
 """Peak memory of one RL iteration (rollout with reflection, the PG learner's update) per batch size.
 
     python -m benchmarks.rl_memory [--model_name tiny-gpt2] [--reflect_max_new_tokens 40] [--batches 1 8 32]
+        [--reuse_rollout_pass]
 
 Each batch size (``--batches``, parallel Taxi episodes; default 1, 8 and 32) runs in a fresh
 process, so peaks do not mix. On CUDA the figure is ``torch.cuda.max_memory_allocated``; on a CPU it is the
@@ -36,7 +37,8 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
                                     trainable=True)
     learner = LEARNERS["pg"](LearnerSettings.from_args(args), rollout.scorer, Accelerator(cpu=not torch.cuda.is_available()))
     policy, reflector = rollout.scorer.policy, rollout.reflector
-    play = functools.partial(rollout.run, [make_env("taxi", horizon=10, labels=rollout.labels) for _ in range(batch)])
+    play = functools.partial(rollout.run, [make_env("taxi", horizon=10, labels=rollout.labels) for _ in range(batch)],
+                             keep_passes=args.reuse_rollout_pass)  # the update's memory, as rl_finetune.py plays
     curriculum = taxi_curriculum(1)
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()

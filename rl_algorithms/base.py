@@ -140,9 +140,20 @@ class Learner:
     # --- pieces for subclasses --------------------------------------------------------------------
 
     def score(self, decisions: list[Decision]) -> Iterator[Scored]:
-        """Current log-probs of the decisions' actions, in minibatches of ``per_device_train_batch_size``."""
+        """Current log-probs of the decisions' actions, in minibatches of ``per_device_train_batch_size``.
+
+        With ``--reuse_rollout_pass``, the leading decisions whose rollout passes were kept at the current
+        weights (:class:`rollout.KeptPasses`) come first, in one piece read from those passes: one backward
+        pass through them frees them all. The gradient is the same, to rounding, as the loss is a sum over
+        decisions and the optimiser steps only after every minibatch."""
         size = self.settings.minibatch_size
-        for start in range(0, len(decisions), size):
+        kept = self.scorer.kept.take(decisions) if self.critic is None else []
+        if kept:
+            rows = torch.stack(kept)
+            chosen = rows.gather(1, torch.tensor([[d.action] for d in decisions[:len(kept)]], device=rows.device))
+            entropy = entropy_of(rows) if self.settings.entropy_coef > 0 else None
+            yield Scored(0, decisions[:len(kept)], chosen.squeeze(1), None, None, entropy)
+        for start in range(len(kept), len(decisions), size):
             chunk = decisions[start:start + size]
             scores = self.scorer.logprobs([d.prompt for d in chunk], [d.valid for d in chunk],
                                           with_hidden=self.critic is not None)

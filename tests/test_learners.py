@@ -213,3 +213,112 @@ def test_a_learner_gets_its_settings_not_the_flags(make_args):
     assert (settings.minibatch_size, settings.ppo_clip, settings.refuel_eta) == (3, 0.3, 2.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.ppo_clip = 0.1
+
+
+# --- --reuse_rollout_pass: the update reads the rollout's own passes ------------------------------------------
+
+def _kept_or_read_again(make_args, trainer, keep, episodes=4, **overrides):
+    """A fresh float32 tiny-gpt2 policy (the same seed each time), ``episodes`` Taxi episodes played with or
+    without keeping the policy's passes, its learner, a list that gets the rows of each forward pass of the
+    policy from then on, and one that gets the gradients at each optimiser step."""
+    args = make_args(**{"env": "taxi", "trainer": trainer, "horizon": 4, "learning_rate": 1e-2,
+                        "per_device_train_batch_size": 2, "load_in_8bit": False, "bf16": False,
+                        "prefix_cache": False, "reuse_rollout_pass": keep, **overrides})
+    torch.manual_seed(0)
+    policy, tokenizer = models.load_model_and_tokenizer(args)
+    policy.eval()
+    rollout = TwoPlayerRollout.from_args(args, policy, tokenizer)
+    envs = [make_env("taxi", horizon=4, labels=rollout.labels) for _ in range(episodes)]
+
+    def play(starts, rng):
+        return rollout.run(envs[:len(starts)], starts, rng, keep_passes=keep)
+
+    rng = np.random.default_rng(0)
+    group = args.group_size
+    played = play([EpisodeStart(seed=s // group, options={"curriculum": "full"},
+                                group=s // group if group > 1 else None) for s in range(episodes)], rng)
+    learner = LEARNERS[trainer](LearnerSettings.from_args(args), rollout.scorer, Accelerator())
+    calls, grads = [], []
+    policy.register_forward_hook(lambda _, args, kwargs, out: calls.append(len(kwargs["input_ids"])), with_kwargs=True)
+    learner.optimizer.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in learner.params]))
+    return learner, played, play, rng, calls, grads
+
+
+def _same_gradients(steps, other_steps):
+    """Gradients equal to float32 rounding: compared to each tensor's largest entry (Adam's first step divides
+    each entry by its own size, so the weights after it differ by much more where an entry is near zero)."""
+    assert len(steps) == len(other_steps) > 0
+    for grads, other in zip(steps, other_steps):
+        for a, b in zip(grads, other):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("trainer, overrides", [
+    ("pg", {"baseline": "mean"}),
+    ("pg", {"entropy_coef": 0.1, "pg_normalize": "decisions"}),
+    ("ppo", {"baseline": "mean", "ppo_epochs": 2}),
+    ("rloo", {"group_size": 2}),
+    ("grpo", {"group_size": 2, "ppo_epochs": 2}),
+])
+def test_the_update_from_the_rollouts_passes_equals_reading_the_prompts_again(make_args, trainer, overrides):
+    results = {}
+    for keep in (False, True):
+        learner, episodes, play, rng, calls, grads = _kept_or_read_again(make_args, trainer, keep, **overrides)
+        result = learner.update(episodes, play, rng)
+        results[keep] = (episodes, result, grads, sum(calls))
+    (episodes, plain, steps, read), (kept_episodes, kept, kept_steps, kept_read) = results[False], results[True]
+    assert [e.to_dict() for e in kept_episodes] == [e.to_dict() for e in episodes]  # the pass with gradient: same numbers
+    assert kept.applied and kept.loss == pytest.approx(plain.loss, rel=1e-5, abs=1e-7)
+    _same_gradients(kept_steps, steps)
+    # the first (or only) epoch read no prompt again; later epochs read every one again at the new weights
+    epochs = overrides.get("ppo_epochs", 1)
+    decisions = sum(len(e.decisions) for e in episodes)
+    assert read == epochs * decisions and kept_read == (epochs - 1) * decisions
+
+
+def test_replayed_episodes_are_read_again_after_the_kept_ones(make_args):
+    results = {}
+    for keep in (False, True):
+        # a small step: Adam's first one moves near-zero gradient entries by a rounding-sized amount times the
+        # rate, and the second update's gradients are compared at the weights it left
+        learner, episodes, play, rng, calls, grads = _kept_or_read_again(make_args, "pg", keep, baseline="mean",
+                                                                         replay_batch_size=2, learning_rate=1e-6)
+        for episode in episodes:
+            episode.success = True
+        learner.update(episodes, play, rng)  # fills the replay buffer
+        fresh = play([EpisodeStart(seed=s, options={"curriculum": "full"}) for s in (7, 8)], rng)
+        calls.clear()
+        assert learner.update(fresh, play, rng).metrics["replayed"] == 2
+        results[keep] = (grads, sum(calls), sum(len(e.decisions) for e in fresh))
+    (steps, read, fresh_decisions), (kept_steps, kept_read, _) = results[False], results[True]
+    assert kept_read == read - fresh_decisions > 0  # the replayed episodes' prompts, and only those
+    _same_gradients(kept_steps, steps)
+
+
+def test_passes_kept_before_the_weights_changed_are_not_used(make_args):
+    """An in-place change of the weights between the rollout and the update (an optimiser step, weights swapped
+    in) drops the kept passes: the update reads the prompts again at the weights it steps from."""
+    results = {}
+    for keep in (False, True):
+        learner, episodes, play, rng, calls, grads = _kept_or_read_again(make_args, "pg", keep, baseline="mean")
+        with torch.no_grad():
+            for p in learner.params:
+                p.mul_(1.5)
+        learner.update(episodes, play, rng)
+        results[keep] = (grads, sum(calls))
+    assert results[True][1] == results[False][1] > 0
+    _same_gradients(results[True][0], results[False][0])
+
+
+def test_kept_passes_are_taken_once(make_args):
+    learner, episodes, _, _, calls, _ = _kept_or_read_again(make_args, "pg", True)
+    decisions, _ = flat_decisions(episodes)
+    assert len(learner.scorer.kept.take(decisions)) == len(decisions)
+    assert learner.scorer.kept.take(decisions) == []  # a graph is freed by its backward pass: never twice
+    assert not calls
+
+
+@pytest.mark.parametrize("overrides", [{"trainer": "refuel"}, {"baseline": "critic"}, {"use_critic": True}])
+def test_reuse_rollout_pass_is_refused_where_the_update_reads_other_passes(make_args, overrides):
+    with pytest.raises(ValueError, match="--reuse_rollout_pass"):
+        make_args(env="taxi", reuse_rollout_pass=True, **overrides)

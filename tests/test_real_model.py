@@ -165,6 +165,44 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
                            [d["logprob"] for d in theirs["decisions"]], atol=1e-4)
 
 
+def test_the_update_from_the_rollouts_passes_on_a_real_model(chain):
+    """``--reuse_rollout_pass`` on SmolLM2 with its LoRA adapter, in float32: the same episodes, and to rounding
+    the same gradient as reading every prompt again, with no prompt read again (tests/test_learners.py)."""
+    import numpy as np
+    from accelerate import Accelerator
+
+    from envs import make_env
+    from experiment_args import ScriptArguments
+    from rl_algorithms import LEARNERS, LearnerSettings
+    from rollout import EpisodeStart, TwoPlayerRollout
+
+    settings = ScriptArguments(**SMALL, load_in_8bit=False, bf16=False, trainer="pg", baseline="mean",
+                               per_device_train_batch_size=2, prefix_cache=False)
+
+    def update(keep: bool):
+        policy, tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["policy"]), trainable=True,
+                                                            shrink_head=True)
+        policy.eval()
+        rollout = TwoPlayerRollout.from_args(settings, policy, tokenizer)
+        envs = [make_env("taxi", horizon=3, labels=rollout.labels) for _ in range(3)]
+        rng = np.random.default_rng(0)
+        episodes = rollout.run(envs, [EpisodeStart(seed=i, options={"curriculum": "pickup"}) for i in range(3)], rng,
+                               keep_passes=keep)
+        learner = LEARNERS["pg"](LearnerSettings.from_args(settings), rollout.scorer, Accelerator(cpu=True))
+        reads, grads = [], []
+        policy.register_forward_hook(lambda _, args, kwargs, out: reads.append(len(kwargs["input_ids"])),
+                                     with_kwargs=True)
+        learner.optimizer.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in learner.params]))
+        assert learner.update(episodes, None, rng).applied
+        return [e.to_dict() for e in episodes], sum(reads), grads
+
+    results = {keep: update(keep) for keep in (False, True)}
+    (episodes, read, (grads,)), (kept_episodes, kept_read, (kept_grads,)) = results[False], results[True]
+    assert kept_episodes == episodes and kept_read == 0 < read == sum(len(e["decisions"]) for e in episodes)
+    for a, b in zip(kept_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
 def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch):
     """``demo.py --model_name <gguf>``: the Taxi pickup column's recipe for a pretrained model, every stage at
     a tiny budget, LoRA adapters, the model named in the report."""

@@ -250,3 +250,24 @@ def test_held_out_panel_leaves_training_unchanged(make_args, tmp_path):
     assert torch.equal(*[next(iter(_adapter(run / "checkpoint-3").values())) for run in (plain, paneled)])
     tokens = [[r["tokens"] for r in metrics.read_metrics(run) if "tokens" in r] for run in (plain, paneled)]
     assert tokens[0] == tokens[1]  # the panel's prompts are not counted as training's
+
+
+def test_reuse_rollout_pass_reaches_the_update_and_trains_as_reading_again(make_args, tmp_path, monkeypatch):
+    """``--reuse_rollout_pass`` through the loop: every update takes the rollout's passes, and the run plays the
+    same episodes as one that reads its prompts again (float32: log-probs equal to rounding)."""
+    from rollout import KeptPasses
+
+    taken = []
+    take = KeptPasses.take
+    monkeypatch.setattr(KeptPasses, "take", lambda self, decisions: taken.append(take(self, decisions)) or taken[-1])
+    common = {**FAST, "max_steps": 3, "save_steps": 3, "load_in_8bit": False, "bf16": False}
+    assert rl_finetune.main(make_args(**common)) == 0
+    assert len(taken) == 3 and not any(taken)
+    taken.clear()
+    assert rl_finetune.main(make_args(**common, reuse_rollout_pass=True)) == 0
+    assert len(taken) == 3 and all(taken)  # each iteration's fresh decisions, from the rollout's passes
+    logs = [[json.loads(line) for line in (run / "checkpoint-3" / "episodes.jsonl").read_text().splitlines()]
+            for run in _runs(tmp_path)]
+    steps = [[s for e in log for s in e["steps"]] for log in logs]
+    assert [s["label"] for s in steps[0]] == [s["label"] for s in steps[1]]
+    assert [s["logprob"] for s in steps[0]] == pytest.approx([s["logprob"] for s in steps[1]], abs=1e-5)

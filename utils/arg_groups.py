@@ -470,6 +470,13 @@ class RLArguments(_Group):
     entropy_coef: float = _arg(
         0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
         "per episode like the loss (the paper: 0, off).", PG_OR_PPO)
+    reuse_rollout_pass: bool = _arg(
+        False, "RL: the policy's forward passes in the training rollout keep their autograd graphs, and the update "
+        "reads the fresh episodes' log-probs from them instead of reading every prompt again, so an iteration "
+        "saves a forward pass over its decisions (the same gradient, to rounding; replayed episodes are read "
+        "again). The rollout then reads the policy's prompts whole (no --prefix_cache), and the activations of "
+        "the iteration's policy passes are held until the update: off by default, for the memory of a large "
+        "model on a GPU. Not with --baseline critic or --trainer refuel, which read other passes.", ONLY_RL)
     resume_from: str | None = _arg(
         None, "RL checkpoint directory to continue from, exactly where it stopped.")
 
@@ -500,6 +507,9 @@ class RLArguments(_Group):
         need(self.trainer not in GROUP_LEARNERS or self.baseline == "none", "baseline",
              f"--trainer {self.trainer} takes its baseline from the group")
         _at_least(self, 0, "kl_coef", "gigpo_weight")
+        need(not self.reuse_rollout_pass or (self.trainer != "refuel" and self.baseline != "critic"),
+             "reuse_rollout_pass", "the update would never read the kept passes: REFUEL scores pairs of branches, "
+             "and a critic reads hidden states the rollout does not keep")
         need(0.0 <= self.gigpo_gamma <= 1.0, "gigpo_gamma", f"must be in [0, 1], got {self.gigpo_gamma}")
         super().__post_init__()
 
