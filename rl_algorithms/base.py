@@ -149,20 +149,22 @@ class Learner:
         size = self.settings.minibatch_size
         kept = self.scorer.kept.take(decisions) if self.critic is None else []
         if kept:
-            rows = torch.stack(kept)
-            chosen = rows.gather(1, torch.tensor([[d.action] for d in decisions[:len(kept)]], device=rows.device))
-            entropy = entropy_of(rows) if self.settings.entropy_coef > 0 else None
-            yield Scored(0, decisions[:len(kept)], chosen.squeeze(1), None, None, entropy)
+            yield self._scored(0, decisions[:len(kept)], torch.stack(kept))
         for start in range(len(kept), len(decisions), size):
             chunk = decisions[start:start + size]
             scores = self.scorer.logprobs([d.prompt for d in chunk], [d.valid for d in chunk],
                                           with_hidden=self.critic is not None)
-            logp = scores.logprobs
-            chosen = logp.gather(1, torch.tensor([[d.action] for d in chunk], device=logp.device)).squeeze(1)
-            hidden = scores.hidden.detach() if self.critic is not None else None
-            values = self.critic(hidden) if self.critic is not None else None
-            entropy = entropy_of(logp) if self.settings.entropy_coef > 0 else None
-            yield Scored(start, chunk, chosen, values, hidden, entropy)
+            yield self._scored(start, chunk, scores.logprobs, scores.hidden)
+
+    def _scored(self, start: int, chunk: list[Decision], logp: torch.Tensor,
+                hidden: torch.Tensor | None = None) -> Scored:
+        """The chunk's figures from its label log-probs (one row per decision): the chosen label's, the entropy
+        when --entropy_coef asks for it, and the critic's values from the hidden states when there is one."""
+        chosen = logp.gather(1, torch.tensor([[d.action] for d in chunk], device=logp.device)).squeeze(1)
+        hidden = hidden.detach() if self.critic is not None else None
+        values = self.critic(hidden) if self.critic is not None else None
+        entropy = entropy_of(logp) if self.settings.entropy_coef > 0 else None
+        return Scored(start, chunk, chosen, values, hidden, entropy)
 
     def critic_term(self, scored: Scored, q_chunk: torch.Tensor, num_decisions: int,
                     collect: bool = True) -> torch.Tensor | float:

@@ -142,3 +142,15 @@ def chain(tmp_path_factory):
     assert split_data.main(make(task_file=paths.filtered / "data_reflection_negative.json")) == 0
     assert gen_sft.main(make(task_file=paths.filtered / "train.json", repo_dir=paths.repos, shuffle_action=True)) == 0
     return paths
+
+
+def same_gradients(steps, other_steps) -> None:
+    """Each optimiser step's gradients (lists of tensors, one list per step) equal to float32 rounding, compared
+    to each tensor's largest entry: Adam's first step divides each entry by its own size, so the weights after
+    it differ by much more where an entry is near zero, and weights are no fair comparison."""
+    import torch
+
+    assert len(steps) == len(other_steps) > 0
+    for grads, other in zip(steps, other_steps, strict=True):
+        for a, b in zip(grads, other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))

@@ -11,6 +11,7 @@ from envs import make_env
 from rl_algorithms import LEARNERS, LearnerSettings, UpdateResult
 from rl_algorithms.base import flat_decisions
 from rollout import EpisodeStart, TwoPlayerRollout
+from tests.conftest import same_gradients
 from utils import models
 
 
@@ -244,15 +245,6 @@ def _kept_or_read_again(make_args, trainer, keep, episodes=4, **overrides):
     return learner, played, play, rng, calls, grads
 
 
-def _same_gradients(steps, other_steps):
-    """Gradients equal to float32 rounding: compared to each tensor's largest entry (Adam's first step divides
-    each entry by its own size, so the weights after it differ by much more where an entry is near zero)."""
-    assert len(steps) == len(other_steps) > 0
-    for grads, other in zip(steps, other_steps):
-        for a, b in zip(grads, other):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
-
-
 @pytest.mark.parametrize("trainer, overrides", [
     ("pg", {"baseline": "mean"}),
     ("pg", {"entropy_coef": 0.1, "pg_normalize": "decisions"}),
@@ -269,7 +261,7 @@ def test_the_update_from_the_rollouts_passes_equals_reading_the_prompts_again(ma
     (episodes, plain, steps, read), (kept_episodes, kept, kept_steps, kept_read) = results[False], results[True]
     assert [e.to_dict() for e in kept_episodes] == [e.to_dict() for e in episodes]  # the pass with gradient: same numbers
     assert kept.applied and kept.loss == pytest.approx(plain.loss, rel=1e-5, abs=1e-7)
-    _same_gradients(kept_steps, steps)
+    same_gradients(kept_steps, steps)
     # the first (or only) epoch read no prompt again; later epochs read every one again at the new weights
     epochs = overrides.get("ppo_epochs", 1)
     decisions = sum(len(e.decisions) for e in episodes)
@@ -292,7 +284,7 @@ def test_replayed_episodes_are_read_again_after_the_kept_ones(make_args):
         results[keep] = (grads, sum(calls), sum(len(e.decisions) for e in fresh))
     (steps, read, fresh_decisions), (kept_steps, kept_read, _) = results[False], results[True]
     assert kept_read == read - fresh_decisions > 0  # the replayed episodes' prompts, and only those
-    _same_gradients(kept_steps, steps)
+    same_gradients(kept_steps, steps)
 
 
 def test_passes_kept_before_the_weights_changed_are_not_used(make_args):
@@ -307,7 +299,7 @@ def test_passes_kept_before_the_weights_changed_are_not_used(make_args):
         learner.update(episodes, play, rng)
         results[keep] = (grads, sum(calls))
     assert results[True][1] == results[False][1] > 0
-    _same_gradients(results[True][0], results[False][0])
+    same_gradients(results[True][0], results[False][0])
 
 
 def test_kept_passes_are_taken_once(make_args):
