@@ -147,10 +147,13 @@ def chain(tmp_path_factory):
 def same_gradients(steps, other_steps) -> None:
     """Each optimiser step's gradients (lists of tensors, one list per step) equal to float32 rounding, compared
     to each tensor's largest entry: Adam's first step divides each entry by its own size, so the weights after
-    it differ by much more where an entry is near zero, and weights are no fair comparison."""
+    it differ by much more where an entry is near zero, and weights are no fair comparison. The bound, 2e-4 of
+    the largest entry: on an AMD EPYC (avx512, no AMX) a batch of 16 against minibatches of 4 moved a few GRPO
+    entries by 3.8e-5 of it (PPO 1.4e-5) through later epochs; a gradient at other weights, or none, moves them
+    by the order of the entry itself."""
     import torch
 
     assert len(steps) == len(other_steps) > 0
     for grads, other in zip(steps, other_steps, strict=True):
         for a, b in zip(grads, other, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4 * float(b.abs().max()))
