@@ -151,7 +151,11 @@ def iteration_metrics(accelerator, episodes: list[Episode], result: UpdateResult
         "entropy": entropy / max(length, 1), "episode_length": length / count, "tokens": int(tokens),
         "episodes_played": int(played),  # the batch and any the learner played besides (REFUEL's branches)
         "truncated_prompts": int(truncated), "truncated_prompts_total": progress.truncated,
-        "nan_skips": progress.nan_skips, **result.metrics,
+        "nan_skips": progress.nan_skips,
+        # this process's wall-clock in the two players' calls (the learner's own episodes included); the rest
+        # of the iteration's "seconds" is the update and the games
+        "reflect_seconds": after.reflect_seconds - before.reflect_seconds,
+        "policy_seconds": after.policy_seconds - before.policy_seconds, **result.metrics,
     }
 
 

@@ -22,8 +22,10 @@ the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -114,6 +116,9 @@ class RolloutStats:
     reflections: int = 0  # reflections asked for
     reflection_hits: int = 0  # of those, answered from the memo (ReflectionMemo) without generating
     drafts: DraftStats = field(default_factory=DraftStats)  # guessed reflection tokens (--draft_tokens)
+    # wall-clock seconds in the two players' calls: where a rollout's time goes (RL's metrics, benchmarks)
+    reflect_seconds: float = 0.0  # TwoPlayerRollout.reflect: the reflector's generation, memo look-ups included
+    policy_seconds: float = 0.0  # TwoPlayerRollout.act: the policy's scoring pass (with gradient where kept)
 
     @property
     def reflection_hit_rate(self) -> float:
@@ -123,6 +128,23 @@ class RolloutStats:
     def prompt_tokens(self) -> int:
         """Tokens of every prompt the two players read."""
         return self.policy_tokens + self.reflection_prompt_tokens
+
+
+def _clocked(name: str):
+    """Add a method's wall-clock seconds to ``self.stats.<name>`` (a :class:`RolloutStats` field)."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def timed(self, *args, **kwargs):
+            tic = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                setattr(self.stats, name, getattr(self.stats, name) + time.perf_counter() - tic)
+
+        return timed
+
+    return wrap
 
 
 class Choice(NamedTuple):
@@ -358,6 +380,7 @@ class TwoPlayerRollout:
 
     # --- the two players ----------------------------------------------------------------
 
+    @_clocked("reflect_seconds")
     @torch.no_grad()
     def reflect(self, prompts: list[str], seed: int, hints: list[str | None] | None = None) -> list[str]:
         """Reflections for ``prompts`` in one batched, seeded generation; those the memo holds
@@ -441,6 +464,7 @@ class TwoPlayerRollout:
             sources=sources, max_new_tokens=self.max_new_tokens, stop_ids=self._stop_ids,
             draft_tokens=self.draft_tokens, pad_id=self.reflect_tokenizer.pad_token_id, stats=self.stats.drafts)
 
+    @_clocked("policy_seconds")
     @torch.no_grad()
     def act(self, prompts: list[str], valid: list[list[int]], generator: torch.Generator,
             keep: bool = False) -> list[Choice]:

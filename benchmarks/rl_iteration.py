@@ -7,9 +7,10 @@ Every row plays the same RL iterations: Taxi pickup with reflection, ``--per_dev
 (16) episodes per iteration, greedy reflections (``--top_k 1``), and the PG learner's update after each
 iteration, from the same starting weights (loaded afresh for each row) and the same seeds. The first row
 has every optimisation off; each row after it adds one (:data:`ROWS`). Printed per row: seconds per
-iteration (the mean over the iterations after the first, which warms caches up), the speed-up over the
-first row, the same two per policy decision (rows in another arithmetic play other episodes, of other
-lengths), the reflection memo's hit rate, the share of drafted reflection tokens accepted, and how far the
+iteration (the mean over the iterations after the first, which warms caches up) and the speed-up over the
+first row; how those seconds split (the reflector's generation, the policy's scoring pass, and the rest: the
+update and the games; ``RolloutStats.reflect_seconds`` / ``policy_seconds``); seconds and speed-up per policy
+decision (rows in another arithmetic play other episodes, of other lengths); the reflection memo's hit rate, the share of drafted reflection tokens accepted, and how far the
 episodes equal the first row's: byte for byte (the memo must keep that), the same actions and
 reflections with log-probs equal to rounding (the shared-prefix cache, the contiguous head input, argmax
 and drafted reflections must keep that), or not at all (bf16 computes in another arithmetic). The exit
@@ -95,15 +96,18 @@ def play_iterations(argv: list[str]) -> dict:
                              keep_passes=args.reuse_rollout_pass)
     curriculum = taxi_curriculum(args.max_steps).only(0)  # pickup
     rng = np.random.default_rng(args.seed)
-    seconds, counts, episodes = [], [], []
+    seconds, counts, episodes, reflector, policy = [], [], [], [], []
     for _ in range(args.max_steps):
-        tic = time.perf_counter()
+        tic, before = time.perf_counter(), dataclasses.replace(rollout.stats)
         batch = play(rl_finetune.episode_starts(curriculum, 0, args.per_device_eval_batch_size, rng), rng)
         learner.update(batch, play, rng)
         seconds.append(time.perf_counter() - tic)
+        reflector.append(rollout.stats.reflect_seconds - before.reflect_seconds)
+        policy.append(rollout.stats.policy_seconds - before.policy_seconds)
         counts.append(sum(len(e.decisions) for e in batch))
         episodes += [json.dumps(e.to_dict(), sort_keys=True) for e in batch]
-    return {"seconds": seconds, "decisions_per_iteration": counts, "episodes": episodes,
+    return {"seconds": seconds, "reflect_seconds": reflector, "policy_seconds": policy,
+            "decisions_per_iteration": counts, "episodes": episodes,
             "hit_rate": rollout.stats.reflection_hit_rate,
             "decisions": rollout.stats.decisions, "draft_acceptance": rollout.stats.drafts.acceptance,
             "draft_passes": rollout.stats.drafts.passes}
@@ -121,6 +125,9 @@ def main(argv: list[str]) -> int:
         results.append({"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
                         "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
                         "seconds": played["seconds"], "decisions_per_iteration": played["decisions_per_iteration"],
+                        "reflect_s_per_iteration": steady_mean(played["reflect_seconds"]),
+                        "policy_s_per_iteration": steady_mean(played["policy_seconds"]),
+                        "reflect_seconds": played["reflect_seconds"], "policy_seconds": played["policy_seconds"],
                         "hit_rate": played["hit_rate"], "decisions": played["decisions"],
                         "draft_acceptance": played["draft_acceptance"], "draft_passes": played["draft_passes"],
                         "identical_bytes": played["episodes"] == first["episodes"],
@@ -129,10 +136,13 @@ def main(argv: list[str]) -> int:
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
           "iterations 2 and after\n")
     per_decision_base = results[0]["s_per_decision"]
-    print_table(["row", "s / iteration", "speed-up", "s / decision", "speed-up per decision", "reflection memo hits",
+    print_table(["row", "s / iteration", "speed-up", "of which: reflector", "policy pass", "update, games",
+                 "s / decision", "speed-up per decision", "reflection memo hits",
                  "drafted tokens accepted", "episodes as row 1's"],
-                ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---"],
+                ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"],
                 [[r["row"], f"{r['s_per_iteration']:.2f}", f"{base / r['s_per_iteration']:.2f}x",
+                  f"{r['reflect_s_per_iteration']:.2f}", f"{r['policy_s_per_iteration']:.2f}",
+                  f"{r['s_per_iteration'] - r['reflect_s_per_iteration'] - r['policy_s_per_iteration']:.2f}",
                   f"{r['s_per_decision']:.3f}", f"{per_decision_base / r['s_per_decision']:.2f}x",
                   f"{100 * r['hit_rate']:.0f}%", f"{100 * r['draft_acceptance']:.0f}%" if r["draft_passes"] else "-",
                   _sameness(r)] for r in results])

@@ -55,7 +55,7 @@ TOLERANCE = {"logprob": 2e-5, "loss": 2e-5, "weights": 2e-5}
 # Metrics that are floats only as means of the discrete record; every other float metric is computed
 # by the network (loss, entropy, approx_kl, ...) and compared within TOLERANCE; ints and strings exactly.
 RECORD_FLOAT_METRICS = {"success", "cost", "episode_length"}
-IGNORED_METRICS = {"seconds"}  # wall-clock
+IGNORED_METRICS = {"seconds", "reflect_seconds", "policy_seconds"}  # wall-clock
 
 
 def _weight_stats(tensor: torch.Tensor) -> list[float]:

@@ -10,6 +10,7 @@ OpenAI-compatible test server. ``make demo`` and ``make test`` are not run here:
 the one, ``make demo`` is the other.
 """
 
+import json
 import os
 import re
 import shlex
@@ -134,6 +135,10 @@ def test_every_readme_benchmark_runs(tmp_path, command):
     argv = [sys.executable, *words[1:], *OVERRIDES.get(words[2], [])]
     result = subprocess.run(argv, cwd=work, env=_environment(work), capture_output=True, text=True, timeout=900, input="")
     assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    if words[2] == "benchmarks.rl_iteration":  # each row's seconds split into the two players' and the rest
+        for row in json.loads((work / words[words.index("--out") + 1]).read_text()):
+            for total, reflector, policy in zip(row["seconds"], row["reflect_seconds"], row["policy_seconds"], strict=True):
+                assert 0 < reflector and 0 < policy and reflector + policy < total, row["row"]
 
 
 def _on_smollm2(command: str) -> bool:

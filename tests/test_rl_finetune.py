@@ -33,6 +33,9 @@ def test_trainers_run_log_and_checkpoint(make_args, tmp_path, trainer, extra):
     assert [r["step"] for r in records] == [1, 2, 3]
     for key in ("success", "cost", "loss", "entropy", "episode_length", "tokens", "seconds", "level", "nan_skips"):
         assert key in records[0], key
+    # the two players' shares of each iteration's wall-clock (no reflector here)
+    for record in records:
+        assert 0 <= record["reflect_seconds"] < record["policy_seconds"] < record["seconds"]
     assert records[0]["level"] == "pickup"
     # the batch, and for REFUEL a branch of each of its episodes
     assert {r["episodes_played"] for r in records} == {args.per_device_eval_batch_size * (2 if trainer == "refuel" else 1)}

@@ -61,6 +61,29 @@ def test_episodes_are_valid_and_reproducible(players):
     assert [e.to_dict() for e in other] != [e.to_dict() for e in episodes]
 
 
+def test_the_rollout_clocks_each_players_calls(players, monkeypatch):
+    """``reflect_seconds`` holds the time of the reflector's calls, ``policy_seconds`` the policy's: on a fake
+    clock that each reflector forward pass moves by 1 s and each policy pass by 1000 s."""
+    import types
+
+    import rollout as rollout_module
+
+    policy, _, reflector, _ = players
+    clock = {"now": 0.0}
+    calls = {"reflector": 0, "policy": 0}
+    monkeypatch.setattr(rollout_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    for name, model, seconds in (("reflector", reflector, 1.0), ("policy", policy, 1000.0)):
+        def ticking(*args, _forward=model.forward, _name=name, _seconds=seconds, **kwargs):
+            calls[_name] += 1
+            clock["now"] += _seconds
+            return _forward(*args, **kwargs)
+        monkeypatch.setattr(model, "forward", ticking)
+    rollout, _, episodes = _run(players, count=3)
+    assert calls["reflector"] > len(episodes[0].decisions) and calls["policy"] > 0
+    assert rollout.stats.reflect_seconds == calls["reflector"] * 1.0
+    assert rollout.stats.policy_seconds == calls["policy"] * 1000.0
+
+
 def test_invalid_labels_are_never_chosen(players):
     _, _, episodes = _run(players, count=8, reflect=False, shuffle=True)
     chosen = [LABELS[d.action] for e in episodes for d in e.decisions]
