@@ -149,7 +149,7 @@ def same_gradients(steps, other_steps) -> None:
     to each tensor's largest entry: Adam's first step divides each entry by its own size, so the weights after
     it differ by much more where an entry is near zero, and weights are no fair comparison. The bound, 2e-4 of
     the largest entry: on an AMD EPYC (avx512, no AMX) a batch of 16 against minibatches of 4 moved a few GRPO
-    entries by 3.8e-5 of it (PPO 1.4e-5) through later epochs; a gradient at other weights, or none, moves them
+    entries by 3.8e-5 of it (PPO 1.4e-5); a gradient at other weights, or none, moves them
     by the order of the entry itself."""
     import torch
 
