@@ -14,8 +14,8 @@ decision (rows in another arithmetic play other episodes, of other lengths); the
 the share of drafted reflection tokens accepted, and how far the episodes equal the first row's: byte for
 byte (the memo must keep that), the same actions and reflections with log-probs equal to rounding (the
 shared-prefix cache, the contiguous head input, argmax and drafted reflections must keep that), or not at all
-(bf16 computes in another arithmetic). The exit status is 1 if a row broke its promise. Without checkpoints the untrained players are used, whose
-reflections run to ``--reflect_max_new_tokens``.
+(bf16 computes in another arithmetic). The exit status is 1 if a row broke its promise. Without checkpoints
+the untrained players are used, whose reflections run to ``--reflect_max_new_tokens``.
 """
 
 import dataclasses
