@@ -149,11 +149,20 @@ def same_gradients(steps, other_steps) -> None:
     to each tensor's largest entry: Adam's first step divides each entry by its own size, so the weights after
     it differ by much more where an entry is near zero, and weights are no fair comparison. The bound, 2e-4 of
     the largest entry: on an AMD EPYC (avx512, no AMX) a batch of 16 against minibatches of 4 moved a few GRPO
-    entries by 3.8e-5 of it (PPO 1.4e-5); a gradient at other weights, or none, moves them
-    by the order of the entry itself."""
+    entries by 3.8e-5 of it (PPO 1.4e-5); a gradient at other weights, or none, moves them by the order of the
+    entry itself."""
     import torch
 
     assert len(steps) == len(other_steps) > 0
     for grads, other in zip(steps, other_steps, strict=True):
         for a, b in zip(grads, other, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4 * float(b.abs().max()))
+
+
+def record_reads_and_gradients(policy, learner) -> tuple[list[int], list[list]]:
+    """Two lists filled from now on: the rows of each forward pass of ``policy`` (the prompts it reads), and the
+    gradients of ``learner``'s parameters at each optimiser step (before it)."""
+    reads, grads = [], []
+    policy.register_forward_hook(lambda _, args, kwargs, out: reads.append(len(kwargs["input_ids"])), with_kwargs=True)
+    learner.optimizer.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in learner.params]))
+    return reads, grads

@@ -11,7 +11,7 @@ from envs import make_env
 from rl_algorithms import LEARNERS, LearnerSettings, UpdateResult
 from rl_algorithms.base import flat_decisions
 from rollout import EpisodeStart, TwoPlayerRollout
-from tests.conftest import same_gradients
+from tests.conftest import record_reads_and_gradients, same_gradients
 from utils import models
 
 
@@ -239,9 +239,7 @@ def _kept_or_read_again(make_args, trainer, keep, episodes=4, **overrides):
     played = play([EpisodeStart(seed=s // group, options={"curriculum": "full"},
                                 group=s // group if group > 1 else None) for s in range(episodes)], rng)
     learner = LEARNERS[trainer](LearnerSettings.from_args(args), rollout.scorer, Accelerator())
-    calls, grads = [], []
-    policy.register_forward_hook(lambda _, args, kwargs, out: calls.append(len(kwargs["input_ids"])), with_kwargs=True)
-    learner.optimizer.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in learner.params]))
+    calls, grads = record_reads_and_gradients(policy, learner)
     return learner, played, play, rng, calls, grads
 
 

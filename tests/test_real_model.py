@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
-from tests.conftest import same_gradients
+from tests.conftest import record_reads_and_gradients, same_gradients
 from utils import checkpoints, metrics, models, paths
 
 pytestmark = pytest.mark.slow
@@ -190,10 +190,7 @@ def test_the_update_from_the_rollouts_passes_on_a_real_model(chain):
         episodes = rollout.run(envs, [EpisodeStart(seed=i, options={"curriculum": "pickup"}) for i in range(3)], rng,
                                keep_passes=keep)
         learner = LEARNERS["pg"](LearnerSettings.from_args(settings), rollout.scorer, Accelerator(cpu=True))
-        reads, grads = [], []
-        policy.register_forward_hook(lambda _, args, kwargs, out: reads.append(len(kwargs["input_ids"])),
-                                     with_kwargs=True)
-        learner.optimizer.register_step_pre_hook(lambda *_: grads.append([p.grad.clone() for p in learner.params]))
+        reads, grads = record_reads_and_gradients(policy, learner)
         assert learner.update(episodes, None, rng).applied
         return [e.to_dict() for e in episodes], sum(reads), grads
 
