@@ -111,6 +111,37 @@ def test_the_readme_names_its_benchmarks():
                                                         "benchmarks.llm_concurrency"}
 
 
+def section_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (fenced blocks, whose ``#`` lines are comments,
+    left out): the heading's text (a link's text, code without its backticks), lower-cased, without
+    punctuation but ``-`` and ``_``, spaces as ``-``; a repeated heading gets ``-1``, ``-2``, ...."""
+    outside_fences = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", outside_fences, flags=re.M):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        anchor, repeat = slug, 0
+        while anchor in anchors:
+            repeat += 1
+            anchor = f"{slug}-{repeat}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_section_anchors_follow_githubs_rules():
+    text = ("# Reflect-RL\n## The paper's table beside ours\n```bash\n# not a heading\n```\n"
+            "### 1. Data generation\n## `--task` and [links](x.md)\n## Notes\n## Notes\n")
+    assert section_anchors(text) == {"reflect-rl", "the-papers-table-beside-ours", "1-data-generation",
+                                     "--task-and-links", "notes", "notes-1"}
+
+
+def test_every_link_to_a_readme_section_finds_it():
+    text = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(#([^)\s]+)\)", text)
+    assert links, "the README links none of its sections: is the pattern still right?"
+    assert sorted(set(links) - section_anchors(text)) == []
+
+
 def test_the_benchmarks_count_the_iterations_after_the_first():
     """The first iteration warms caches and kernels up: a row's time per iteration and per decision are
     taken over the rest (over the first only when it is alone)."""
