@@ -16,6 +16,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One thread per test process (pytest-xdist runs one per core); torch reads it when first imported.
 # The learner goldens hold at 1 or 2 (OMP_NUM_THREADS=2 pytest tests/test_learner_golden.py).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every Python process a test starts prints its threads' Python stacks if a signal kills it (SIGABRT, SIGSEGV):
+# a gloo rank of the two-process RL tests once aborted after its last iteration, in one suite run, and was
+# not caught again in ~75 runs; the failure message then shows where it was.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 from experiment_args import ScriptArguments  # noqa: E402
 from utils.paths import SHARED_DIR  # noqa: E402

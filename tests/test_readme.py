@@ -92,9 +92,7 @@ def _checkpoints(run: Path) -> list[Path]:
 
 def _environment(work: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(work), "REFLECTRL_CACHE": os.environ.get("REFLECTRL_CACHE", str(REPO / ".cache")),
-           "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false",
-           # a process killed by a signal prints every thread's Python stack (the gloo ranks' rare abort at exit)
-           "PYTHONFAULTHANDLER": "1"}
+           "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "sk-test", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("ALFWORLD_DATA", None)
     return env
 

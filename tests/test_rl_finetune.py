@@ -132,9 +132,7 @@ def test_two_processes_roll_out_different_episodes_and_stay_in_sync(tmp_path):
                str(REPO / "rl_finetune.py"), "--model_name", "tiny-gpt2", "--env", "taxi", "--taxi_curriculum",
                "--curriculum_index", "0", "--first_step", "--max_steps", "2", "--save_steps", "2",
                "--per_device_eval_batch_size", "3", "--ckpt_path", str(tmp_path / "results")]
-    # PYTHONFAULTHANDLER: a rank killed by a signal prints its threads' Python stacks into the error below (a
-    # rank once aborted with SIGABRT after its last iteration, in one suite run; not reproduced in ~75 runs since)
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    env = dict(os.environ)  # with PYTHONFAULTHANDLER (tests/conftest.py): a rank killed by a signal shows its stack
     if torch.cuda.device_count() < 2:  # one process per GPU: with fewer, both run on the CPU (gloo), as in CI
         env["CUDA_VISIBLE_DEVICES"] = ""
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
