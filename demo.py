@@ -59,7 +59,9 @@ from experiment_args import parse_args
 from recipes import DEFAULT, RECIPES, learners
 from recipes.base import Evaluation, Recipe
 from recipes.paper_table import markdown as beside_the_paper
-from utils import checkpoints, metrics
+from utils import checkpoints, metrics, models
+from utils.arg_groups import SEEDS
+from utils.errors import UsageError
 from utils.io import write_json, write_text_atomic
 from utils.paths import RESULTS_DIR
 from visualization import plot
@@ -283,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = options.seeds if options.seeds is not None else [options.seed]
     if len(set(seeds)) != len(seeds):
         cli.error(f"--seeds: each seed once, got {seeds}")
+    if any(seed not in SEEDS for seed in seeds):  # checked here, not by the first stage that reads it
+        cli.error(f"--seed: must be in [0, 2**32 - 1], got {options.seed}" if options.seeds is None else
+                  f"--seeds: each in [0, 2**32 - 1], got {seeds}")
     if options.workers < 1:
         cli.error(f"--workers: at least 1, got {options.workers}")
     top = Path(options.ckpt_path) / "demo"
@@ -292,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         if lacking:
             cli.error(f"--model_name: no recipe for a pretrained model in {', '.join(lacking)} yet "
                       f"(those that have one: {', '.join(r.name for r in RECIPES.values() if r.pretrained)})")
+        try:  # a model that cannot be found fails here, not in the first stage that reads it
+            models.resolve_model_path(options.model_name)
+        except UsageError as error:
+            cli.error(str(error))
         recipes = [recipe.pretrained(options.model_name) for recipe in recipes]
     if options.learners is not None:
         if options.task == ALL:

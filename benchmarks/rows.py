@@ -1,23 +1,37 @@
 """What the benchmarks that add one option a row share (``rl_iteration``, ``sft_step``): the ``--out FILE.json``
 option, the steady-state mean of a row's timings, and the Markdown table they print."""
 
-import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
+from utils.io import write_json
+
 
 def take_out(argv: list[str], prog: str) -> tuple[Path | None, list[str]]:
-    """``--out FILE`` taken from ``argv`` (None if absent) and the rest; a missing file name ends the program
-    with one line and status 2."""
+    """``--out FILE`` taken from ``argv`` (None if absent) and the rest. Its folder is made now: a name that
+    cannot be written (none given, a folder, a folder that cannot be made) ends the program with one line and
+    status 2 before the benchmark runs, not after."""
     if "--out" not in argv:
         return None, argv
     at = argv.index("--out")
     if at + 1 >= len(argv):
-        print(f"{prog}: error: --out needs a file name", file=sys.stderr)
-        raise SystemExit(2)
-    return Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+        _refuse(prog, "--out needs a file name")
+    out = Path(argv[at + 1])
+    if out.is_dir():
+        _refuse(prog, f"--out: {out} is a folder; give a file name")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        _refuse(prog, f"--out: cannot make the folder of {out} ({error.strerror})")
+    return out, argv[:at] + argv[at + 2:]
+
+
+def _refuse(prog: str, message: str) -> NoReturn:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def steady(values: list) -> list:
@@ -39,4 +53,4 @@ def print_table(header: list[str], align: list[str], rows: list[list[str]]) -> N
 
 def save(out: Path | None, results: list[dict]) -> None:
     if out is not None:
-        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_json(out, results)

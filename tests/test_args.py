@@ -118,6 +118,8 @@ def test_bad_yaml_type_names_the_flag(tmp_path, capsys):
         ({"env": "alfworld", "first_step": True}, "--first_step"),
         ({"trainer": "refuel", "baseline": "mean"}, "--baseline"),
         ({"base_url": "localhost:1234"}, "--base_url"),
+        ({"seed": -1}, r"--seed: must be in \[0, 2\*\*32 - 1\], got -1"),  # NumPy's global generator takes no other
+        ({"seed": 2**32}, "--seed"),
     ],
 )
 def test_validation_errors_name_the_flag(overrides, flag):

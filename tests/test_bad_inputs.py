@@ -255,3 +255,36 @@ def test_the_memory_benchmark_refuses_an_empty_batch(capsys):
     with pytest.raises(SystemExit) as stop:
         rl_memory.main(["--batches", "8", "0"])
     assert stop.value.code == 2 and "--batches: each at least 1, got [8, 0]" in capsys.readouterr().err
+
+
+def test_a_plot_of_a_folder_that_holds_no_run_log_is_one_line(run, tmp_path):
+    from visualization import plot
+
+    empty, garbled = tmp_path / "empty", tmp_path / "garbled"
+    empty.mkdir()
+    garbled.mkdir()
+    (garbled / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # a broken record inside
+    for entry, said in ((f"curve={empty}", f"--expdirs curve={empty}: {empty}: no metrics.jsonl in it"),
+                        ("curve=", "--expdirs: 'curve=' names no run directory"),
+                        (str(garbled), f"{garbled / 'metrics.jsonl'}:2: not a JSON record")):
+        code, line = run(plot.main, "python -m visualization.plot", f"--expdirs={entry}",
+                         f"--output_file={tmp_path / 'curves.png'}")
+        assert code == 2 and said in line, line
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_a_benchmarks_out_file_is_checked_before_the_benchmark_runs(tmp_path, capsys):
+    """``--out`` of rl_iteration and sft_step: its folder is made at once, and a name that cannot be written ends
+    the program before a run of up to an hour, not after it."""
+    from benchmarks.rows import save, take_out
+
+    out, rest = take_out(["--max_steps", "2", "--out", str(tmp_path / "new" / "rows.json")], "prog")
+    assert rest == ["--max_steps", "2"] and out.parent.is_dir()
+    save(out, [{"row": "everything off", "seconds": [1.5]}])
+    assert json.loads(out.read_text()) == [{"row": "everything off", "seconds": [1.5]}]
+    (tmp_path / "a_file").write_text("")
+    for argv, said in ((["--out"], "--out needs a file name"), (["--out", str(tmp_path)], f"--out: {tmp_path} is a folder"),
+                       (["--out", str(tmp_path / "a_file" / "rows.json")], "--out: cannot make the folder of")):
+        with pytest.raises(SystemExit) as stop:
+            take_out(argv, "prog")
+        assert stop.value.code == 2 and f"prog: error: {said}" in capsys.readouterr().err, argv

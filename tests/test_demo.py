@@ -430,10 +430,13 @@ def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monke
     assert sorted(e["group"] for e in logged if e["iteration"] == logged[0]["iteration"]) == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-def test_learners_comparison_refuses_what_it_cannot_compare(capsys):
+def test_the_runner_refuses_what_it_cannot_run(capsys):
     from recipes import learners
 
     cases = [(["--learners", "pg", "sac"], "sac"), (["--learners", "pg", "pg"], "once"),
+             (["--seed", "-1"], "--seed: must be in [0, 2**32 - 1], got -1"),  # not in the first stage's process
+             (["--seeds", "0", str(2**32)], "--seeds: each in [0, 2**32 - 1]"),
+             (["--model_name", "/models/none.gguf"], "--model_name: no such GGUF file '/models/none.gguf'"),
              (["--learners", "pg", "--task", "all"], "one column"), (["--reflection", "with"], "only with --learners")]
     for argv, said in cases:
         with pytest.raises(SystemExit) as stop:

@@ -232,6 +232,22 @@ def test_plot_overlays_runs(tmp_path):
     assert list(plot.moving_average([1, 2, 3, 4], 2)) == [1.0, 1.5, 2.5, 3.5]
 
 
+def test_a_run_log_cut_short_in_its_last_record_reads_the_records_before(tmp_path, caplog):
+    """A run killed while writing a record leaves it without its newline: the records before are read (RL's
+    resume carries them into the new run, the plot draws them); a broken record anywhere else is an error."""
+    logger = metrics.MetricLogger(tmp_path, tensorboard=False)
+    for step in (1, 2):
+        logger.log(step, {"loss": 1 / step})
+    logger.close()
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(log.read_text() + '{"step": 3, "lo')
+    assert metrics.read_metrics(tmp_path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}]
+    assert "metrics.jsonl:3: a record cut short" in caplog.text
+    log.write_text(log.read_text() + "\n")  # the same record, now ended: not a killed write
+    with pytest.raises(ValueError, match=r"metrics.jsonl:3: not a JSON record"):
+        metrics.read_metrics(tmp_path)
+
+
 def test_plot_with_no_run_named_draws_the_newest_rl_run(make_args, tmp_path, capsys):
     results = tmp_path / "results"
     with pytest.raises(ValueError, match="--expdirs: no run named and no rl_finetune run in --ckpt_path"):

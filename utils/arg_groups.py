@@ -104,6 +104,10 @@ def arg_metadata(f: Field) -> dict:
     return {key: value for key, value in f.metadata.items() if key != ONLY_WITH}
 
 
+# The seeds a run takes: NumPy's global generator (utils.seeding.set_seed) accepts no other.
+SEEDS = range(2**32)
+
+
 def need(ok: bool, flag: str, message: str) -> None:
     if not ok:
         raise ValueError(f"--{flag}: {message}")
@@ -274,6 +278,7 @@ class OptimArguments(_Group):
         _at_least(self, 0, "weight_decay")
         _at_least(self, 1, "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps")
         need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        need(self.seed in SEEDS, "seed", f"must be in [0, 2**32 - 1], got {self.seed}")
         super().__post_init__()
 
 

@@ -1,10 +1,15 @@
 """Metrics of a run: ``<run_dir>/metrics.jsonl`` (one JSON record per step) and TensorBoard."""
 
 import json
+import logging
 import resource
 import sys
 from pathlib import Path
 from typing import Any
+
+from utils.errors import UsageError
+
+logger = logging.getLogger(__name__)
 
 
 def peak_memory() -> str:
@@ -48,7 +53,24 @@ class MetricLogger:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``run_dir``'s metrics log. A last line without its newline is a record the run was
+    killed while writing: left out, with a warning (the run resumes from its checkpoint, which came before)."""
     path = Path(run_dir) / MetricLogger.FILE
     if not path.is_file():
-        raise ValueError(f"{run_dir!r} has no {MetricLogger.FILE}")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        raise UsageError(f"{run_dir}: no {MetricLogger.FILE} in it (a run folder of supervised_pretrain.py or "
+                         "rl_finetune.py has one)")
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines) and not text.endswith("\n"):
+                logger.warning("%s:%d: a record cut short (the run was stopped while writing it): left out",
+                               path, number)
+                break
+            raise UsageError(f"{path}:{number}: not a JSON record ({error.msg})") from None
+    return records

@@ -53,7 +53,7 @@ def parse_expdir(entry: str) -> tuple[str, list[Path]]:
     name, _, paths = entry.rpartition("=")
     folders = [Path(p) for p in paths.split(",") if p]
     if not folders:
-        raise ValueError(f"--expdirs: {entry!r} names no run directory")
+        raise UsageError(f"--expdirs: {entry!r} names no run directory")
     return (name or folders[0].name), folders
 
 
@@ -76,12 +76,15 @@ def ensemble(runs: list[list[dict]]) -> list[dict]:
 
 def plot(expdirs: list[str], output: Path, window: int = 10, title: str | None = None) -> Path:
     if not expdirs:
-        raise ValueError("--expdirs: give at least one run directory (or edit expdirs in visualization/plot.py)")
+        raise UsageError("--expdirs: give at least one run directory (or edit expdirs in visualization/plot.py)")
     figure, axes = plt.subplots(1, len(PANELS), figsize=(4.5 * len(PANELS), 3.8), constrained_layout=True)
     for entry in expdirs:
         name, paths = parse_expdir(entry)
-        records = metrics.read_metrics(paths[0]) if len(paths) == 1 else \
-            ensemble([metrics.read_metrics(path) for path in paths])
+        try:
+            logs = [metrics.read_metrics(path) for path in paths]
+        except UsageError as error:
+            raise UsageError(f"--expdirs {entry}: {error}") from None
+        records = logs[0] if len(paths) == 1 else ensemble(logs)
         if len(paths) > 1:
             log = output.with_name(f"{output.stem}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.jsonl")
             log.parent.mkdir(parents=True, exist_ok=True)
