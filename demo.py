@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"--seeds: each in [0, 2**32 - 1], got {seeds}")
     if options.workers < 1:
         cli.error(f"--workers: at least 1, got {options.workers}")
+    if Path(options.ckpt_path).exists() and not Path(options.ckpt_path).is_dir():
+        cli.error(f"--ckpt_path: {options.ckpt_path} is a file, not a folder")
     top = Path(options.ckpt_path) / "demo"
     recipes = list(RECIPES.values()) if options.task == ALL else [RECIPES[options.task]]
     if options.model_name is not None:

@@ -53,6 +53,9 @@ def read_texts(task_file: str | None) -> list[str]:
             raise UsageError(f"--task_file: {path}:{number} is not JSON ({error})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UsageError(f"--task_file: {path}:{number} has no string field 'text'")
+        if ACTION_MARKER not in record["text"] and ANALYZE_MARKER not in record["text"]:  # what completion_start needs
+            raise UsageError(f"--task_file: {path}:{number}: its text holds neither {ACTION_MARKER!r} nor "
+                             f"{ANALYZE_MARKER!r}, after which its completion starts (data_gen's SFT files hold them)")
         texts.append(record["text"])
     if not texts:
         raise UsageError(f"--task_file: {path} holds no texts")

@@ -76,6 +76,9 @@ def read_records(task_file: Path, label: str) -> list[dict]:
     if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
         raise UsageError(f"--task_file: {task_file} must hold a JSON list of records (the reflection step's "
                          "data_reflection.json)")
+    if not records:  # SFT files with no text in them: SFT would refuse them, a step later
+        raise UsageError(f"--task_file: {task_file} holds no records (the reflection step's data_reflection.json "
+                         "holds one per state)")
     key = LABEL_KEYS[label]
     for index, record in enumerate(records):
         if key not in record and "state" in record:

@@ -138,6 +138,10 @@ def test_gen_sft_on_records_without_state_names_file_and_record(run, tmp_path, s
     code, line = run(step.main, prog, f"--task_file={data}", f"--output_dir={tmp_path / 'out'}")
     assert code == 2 and line == (f"{prog}: error: --task_file: record 1 of {data} has no string field 'state' "
                                   "(give the reflection step's data_reflection.json)")
+    data.write_text("[]")  # no record: no SFT files of no texts, which SFT would refuse a step later
+    code, line = run(step.main, prog, f"--task_file={data}", f"--output_dir={tmp_path / 'out'}")
+    assert code == 2 and line.startswith(f"{prog}: error: --task_file: {data} holds no records")
+    assert not (tmp_path / "out").exists()
 
 
 def test_auto_explore_gen_sft_on_records_without_trajectories_names_file_and_task(run, tmp_path):
@@ -239,6 +243,14 @@ def test_sfts_task_file_that_is_a_folder_or_binary_is_named(run, tmp_path, conte
     assert code == 2
     assert line == (f"{SFT}: error: --task_file: {path} is a folder; give a file" if content is None else
                     f"{SFT}: error: --task_file: {path} is not UTF-8 text (byte 0: a binary file?)")
+
+
+def test_an_sft_text_without_a_marker_is_named_by_its_line(run, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"text": f"state{ACTION_MARKER}3"}) + "\n" + json.dumps({"text": "no marker"}) + "\n")
+    code, line = run(supervised_pretrain.main, SFT, f"--task_file={data}")
+    assert code == 2 and line.startswith(f"{SFT}: error: --task_file: {data}:2: its text holds neither "
+                                         f"{ACTION_MARKER!r} nor ")
 
 
 def test_an_unexpected_exception_keeps_its_traceback(monkeypatch, tmp_path):

@@ -437,6 +437,7 @@ def test_the_runner_refuses_what_it_cannot_run(capsys):
              (["--seed", "-1"], "--seed: must be in [0, 2**32 - 1], got -1"),  # not in the first stage's process
              (["--seeds", "0", str(2**32)], "--seeds: each in [0, 2**32 - 1]"),
              (["--model_name", "/models/none.gguf"], "--model_name: no such GGUF file '/models/none.gguf'"),
+             (["--ckpt_path", __file__], f"--ckpt_path: {__file__} is a file, not a folder"),
              (["--learners", "pg", "--task", "all"], "one column"), (["--reflection", "with"], "only with --learners")]
     for argv, said in cases:
         with pytest.raises(SystemExit) as stop:
