@@ -55,7 +55,7 @@ import torch
 import yaml
 
 from evaluation import evaluate
-from experiment_args import parse_args
+from experiment_args import one_line_usage_errors, parse_args
 from recipes import DEFAULT, RECIPES, learners
 from recipes.base import Evaluation, Recipe
 from recipes.paper_table import markdown as beside_the_paper
@@ -661,4 +661,4 @@ def episodes_note(recipe: Recipe, results: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(one_line_usage_errors("demo.py", main, sys.argv[1:]))

@@ -312,12 +312,19 @@ def check_resumable(path: Path, script: str, prog: str) -> None:
                      f"only{start}")
 
 
-def run_script(main, prog: str, env: str | None = None) -> int:
-    """An entry point: parse the command line, run ``main(args)``; a :class:`errors.UsageError`
-    (a model without enough labels, data of another alphabet ...) ends it with one line, status 2."""
-    args = parse_args(prog=prog, env=env)
+def run_script(main, prog: str, env: str | None = None, defaults: tuple[str, ...] = ()) -> int:
+    """An entry point: parse the command line (after ``defaults``, flags the script sets unless the command line
+    does), run ``main(args)``; a :class:`errors.UsageError` (a model without enough labels, data of another
+    alphabet ...) ends it with one line, status 2."""
+    args = parse_args([*defaults, *sys.argv[1:]], prog=prog, env=env)
+    return one_line_usage_errors(prog, main, args)
+
+
+def one_line_usage_errors(prog: str, main, *arguments) -> int:
+    """``main(*arguments)``, where a :class:`errors.UsageError` ends the program with one line and status 2 (the
+    entry points that parse their own command line: ``benchmarks.rl_iteration`` ...)."""
     try:
-        return main(args)
+        return main(*arguments)
     except UsageError as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2

@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.saycan import SayCanScorer
 from envs import make_env
-from experiment_args import parse_args
+from experiment_args import run_script
 from prompts import ACTION_MARKER, policy_prompt, split_observation
 from rollout import PolicyScorer
 from utils import models
@@ -90,4 +90,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(["--model_name=tiny-gpt2", *sys.argv[1:]], prog="python -m benchmarks.enumeration")))
+    sys.exit(run_script(main, "python -m benchmarks.enumeration", defaults=("--model_name=tiny-gpt2",)))

@@ -23,7 +23,7 @@ import numpy as np
 
 from envs import make_env
 from envs.auto_explore_tasks import DEFAULT_PLAY_REPO, repo_task
-from experiment_args import parse_args
+from experiment_args import run_script
 from utils.paths import SHARED_DIR
 
 FIXTURES = SHARED_DIR / "alfworld" / "fixtures"
@@ -128,4 +128,4 @@ def first_resets(data: str) -> list[tuple[str, float]]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m benchmarks.env_speed")))
+    sys.exit(run_script(main, "python -m benchmarks.env_speed"))

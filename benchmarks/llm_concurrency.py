@@ -53,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64],
                         help="The --max_concurrency of each run; the first is the reference.")
     options = parser.parse_args(argv)
+    if options.episodes < 1:  # checked here, in this command's flags, not as the reflection step's
+        parser.error(f"--episodes: at least 1, got {options.episodes}")
+    if min(options.concurrency) < 1:
+        parser.error(f"--concurrency: each at least 1, got {options.concurrency}")
+    if options.latency < 0:
+        parser.error(f"--latency: at least 0, got {options.latency}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="llm_concurrency-") as scratch:
         for n in options.concurrency:

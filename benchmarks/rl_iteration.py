@@ -30,7 +30,7 @@ import torch
 from benchmarks.rows import print_table, save, steady, steady_mean, take_out
 from envs import make_env
 from envs.taxi import taxi_curriculum
-from experiment_args import parse_args
+from experiment_args import one_line_usage_errors, parse_args
 from rollout import TwoPlayerRollout
 
 
@@ -168,4 +168,4 @@ def _sameness(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(one_line_usage_errors("python -m benchmarks.rl_iteration", main, sys.argv[1:]))

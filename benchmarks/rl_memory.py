@@ -14,10 +14,21 @@ import multiprocessing
 import resource
 import sys
 
+PROG = "python -m benchmarks.rl_memory"
 BATCHES = (1, 8, 32)
 
 
 def _iteration(argv: list[str], batch: int, queue) -> None:
+    """A worker process: its row, or the bad input (a model that is not there, say) for the parent to say."""
+    from utils.errors import UsageError
+
+    try:
+        queue.put(_measure(argv, batch))
+    except UsageError as error:
+        queue.put(error)
+
+
+def _measure(argv: list[str], batch: int) -> tuple:
     import functools
 
     import numpy as np
@@ -50,8 +61,8 @@ def _iteration(argv: list[str], batch: int, queue) -> None:
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline
     model_mib = sum(p.numel() * p.element_size() for m in (policy, reflector) for p in m.parameters()) / 2**20
     decisions = sum(len(e.decisions) for e in episodes)
-    queue.put((batch, torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_kib / 1024, model_mib,
-               decisions, models.device().type))
+    return (batch, torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_kib / 1024, model_mib, decisions,
+            models.device().type)
 
 
 def _result(queue, worker, batch: int):
@@ -60,19 +71,26 @@ def _result(queue, worker, batch: int):
 
     while True:
         try:
-            return queue.get(timeout=5)
+            row = queue.get(timeout=5)
         except queues.Empty:
             if not worker.is_alive():
                 raise RuntimeError(f"the worker for {batch} episodes exited with code {worker.exitcode} "
                                    "before reporting (its traceback is above)") from None
+        else:
+            if isinstance(row, Exception):
+                raise row
+            return row
 
 
 def main(argv: list[str]) -> int:
-    cli = argparse.ArgumentParser(prog="python -m benchmarks.rl_memory", add_help=False)
+    from experiment_args import parse_args
+
+    cli = argparse.ArgumentParser(prog=PROG, add_help=False)
     cli.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     options, argv = cli.parse_known_args(argv)
     if min(options.batches) < 1:
         cli.error(f"--batches: each at least 1, got {options.batches}")
+    parse_args([*argv, "--env=taxi"], prog=PROG)  # the other flags checked here, not in each worker
     context = multiprocessing.get_context("spawn")
     rows = []
     for batch in options.batches:
@@ -91,5 +109,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from experiment_args import one_line_usage_errors
+
     defaults = ["--model_name=tiny-gpt2", "--reflect", "--reflect_max_new_tokens=40"]
-    sys.exit(main([*defaults, *sys.argv[1:]]))
+    sys.exit(one_line_usage_errors(PROG, main, [*defaults, *sys.argv[1:]]))

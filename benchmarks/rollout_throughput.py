@@ -18,7 +18,7 @@ import torch
 
 from envs import make_env
 from envs.taxi import FULL
-from experiment_args import parse_args
+from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 
 BATCHES = (1, 8, 32)
@@ -60,5 +60,5 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(["--model_name=tiny-gpt2", "--reflect_max_new_tokens=40", *sys.argv[1:]],
-                             prog="python -m benchmarks.rollout_throughput")))
+    sys.exit(run_script(main, "python -m benchmarks.rollout_throughput",
+                        defaults=("--model_name=tiny-gpt2", "--reflect_max_new_tokens=40")))

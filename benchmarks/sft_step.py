@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.rows import print_table, save, steady_mean, take_out
-from experiment_args import parse_args
+from experiment_args import one_line_usage_errors, parse_args
 
 PROG = "python -m benchmarks.sft_step"
 
@@ -110,4 +110,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(one_line_usage_errors(PROG, main, sys.argv[1:]))

@@ -11,7 +11,7 @@ and the count of unusable answers, in ``results/<id>_auto_explore_gpt/``.
 import sys
 
 from evaluation.gpt_common import run_gpt_evaluation
-from experiment_args import parse_args, require_env
+from experiment_args import require_env, run_script
 
 
 def main(args) -> int:
@@ -20,4 +20,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m evaluation.auto_explore_gpt", env="auto_explore")))
+    sys.exit(run_script(main, "python -m evaluation.auto_explore_gpt", env="auto_explore"))

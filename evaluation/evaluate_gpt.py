@@ -14,7 +14,7 @@ import sys
 
 from envs import env_spec
 from evaluation.gpt_common import run_gpt_evaluation
-from experiment_args import parse_args
+from experiment_args import run_script
 
 
 def main(args) -> int:
@@ -25,4 +25,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args(prog="python -m evaluation.evaluate_gpt")))
+    sys.exit(run_script(main, "python -m evaluation.evaluate_gpt"))

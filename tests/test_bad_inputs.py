@@ -300,3 +300,39 @@ def test_a_benchmarks_out_file_is_checked_before_the_benchmark_runs(tmp_path, ca
         with pytest.raises(SystemExit) as stop:
             take_out(argv, "prog")
         assert stop.value.code == 2 and f"prog: error: {said}" in capsys.readouterr().err, argv
+
+
+def test_every_entry_point_ends_bad_input_in_one_line():
+    """A ``UsageError`` raised anywhere in a command's work (a model that is not there, found where it loads) ends
+    every entry point in one line, status 2: each runs its ``main`` through ``run_script`` or
+    ``one_line_usage_errors``. (The benchmarks and the GPT evaluations once called ``main`` bare: a traceback.)"""
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True)
+    opening = '\nif __name__ == "__main__":'
+    blocks = {name: (REPO / name).read_text().split(opening, 1)[1] for name in tracked.stdout.split()
+              if not name.startswith("tests/") and opening in (REPO / name).read_text()}
+    no_model = {"lock/check.py", "benchmarks/llm_concurrency.py"}  # their own small parsers; no ScriptArguments
+    assert len(blocks) > 25 and no_model <= set(blocks)
+    bare = [name for name, block in blocks.items()
+            if name not in no_model and "run_script(" not in block and "one_line_usage_errors(" not in block]
+    assert bare == []
+
+
+def test_a_benchmark_whose_worker_finds_bad_input_says_it_in_one_line(capsys):
+    """rl_memory measures each batch in a worker process of its own: the worker hands a ``UsageError`` back."""
+    from benchmarks import rl_memory
+    from experiment_args import one_line_usage_errors
+
+    code = one_line_usage_errors("prog", rl_memory.main, ["--batches", "1", "--model_name=/models/none"])
+    error = capsys.readouterr().err
+    assert code == 2 and "prog: error: --model_name '/models/none': no such model folder" in error, error
+
+
+@pytest.mark.parametrize("argv, said", [(["--episodes", "0"], "--episodes: at least 1, got 0"),
+                                        (["--concurrency", "1", "0"], "--concurrency: each at least 1, got [1, 0]"),
+                                        (["--latency", "-1"], "--latency: at least 0, got -1.0")])
+def test_the_llm_concurrency_benchmark_names_its_own_flags(capsys, argv, said):
+    from benchmarks import llm_concurrency
+
+    with pytest.raises(SystemExit) as stop:
+        llm_concurrency.main(argv)
+    assert stop.value.code == 2 and f"error: {said}" in capsys.readouterr().err
