@@ -17,7 +17,9 @@ PIP_LOCKED := $(PIP) --no-deps --require-hashes
 # make lock resolves torch's own requirements against its CPU build (no CUDA libraries in the lock):
 # here from the machine's wheel folder; elsewhere LOCK_TORCH_SOURCE="--extra-index-url URL".
 LOCK_TORCH_SOURCE ?= --find-links /opt/wheels
-LOCK_PYTHON ?= 3.11
+# The oldest Python the lock serves: pyproject.toml's requires-python; make lock resolves for it.
+PYTHON_MIN := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"$$/\1/p' pyproject.toml)
+LOCK_PYTHON ?= $(PYTHON_MIN)
 UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version $(LOCK_PYTHON) \
 	--custom-compile-command "make lock" -c lock/torch.txt --no-emit-package torch $(LOCK_TORCH_SOURCE)
 # pytest-xdist: one test process per core (each on one thread: tests/conftest.py); an idle worker
@@ -52,6 +54,9 @@ lock: $(VENV)/.stamp-torch
 	$(UV_COMPILE) pyproject.toml -c lock/test.txt -o lock/demo.txt
 
 $(VENV)/.stamp-torch: lock/torch.txt lock/gpu.txt
+	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info < tuple(map(int, "$(PYTHON_MIN)".split("."))))' \
+		|| { echo "make: $(PYTHON) is $$($(PYTHON) -V 2>&1); the lock needs Python >= $(PYTHON_MIN)" \
+		"(e.g. make test PYTHON=python3.12)" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		echo "NVIDIA GPU found: installing $(TORCH_GPU) and lock/gpu.txt"; $(PIP) $(TORCH_GPU) && \

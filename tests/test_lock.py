@@ -138,3 +138,23 @@ def test_what_the_project_imports_is_declared_and_in_the_demo_lock():
         names = {check.canonical(d) for d in distributions.get(top, [])}
         assert names & declared, f"{where} imports {top}, which pyproject.toml does not declare"
         assert names & demo, f"{where} imports {top}, which lock/demo.txt does not pin"
+
+
+def test_make_refuses_a_python_older_than_the_lock_serves_before_it_makes_a_venv(tmp_path):
+    """The lock is resolved for pyproject.toml's oldest Python (numpy 2.4, pandas 3 and others need 3.11): an
+    older interpreter is one line naming it and the minimum, not a pip error halfway through the installs."""
+    minimum = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"].removeprefix(">=")
+    for name in ("Makefile", "pyproject.toml"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    (tmp_path / "lock").mkdir()
+    for lock in LOCK.glob("*.txt"):
+        (tmp_path / "lock" / lock.name).write_text(lock.read_text())
+    old = tmp_path / "old-python"  # answers -V as Python 3.10 does, and fails the version check as it would
+    old.write_text('#!/bin/sh\nif [ "$1" = "-V" ]; then echo "Python 3.10.13"; exit 0; fi\nexit 1\n')
+    old.chmod(0o755)
+    done = subprocess.run(["make", ".venv/.stamp-torch", f"PYTHON={old}"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode != 0 and not (tmp_path / ".venv").exists()
+    assert f"make: {old} is Python 3.10.13; the lock needs Python >= {minimum}" in done.stderr, done.stderr
+    assert minimum == "3.11"
+    dry = subprocess.run(["make", "-n", "-B", "lock"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert f"--python-version {minimum}" in dry  # make lock resolves for that same Python
