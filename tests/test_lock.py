@@ -155,6 +155,5 @@ def test_make_refuses_a_python_older_than_the_lock_serves_before_it_makes_a_venv
     done = subprocess.run(["make", ".venv/.stamp-torch", f"PYTHON={old}"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode != 0 and not (tmp_path / ".venv").exists()
     assert f"make: {old} is Python 3.10.13; the lock needs Python >= {minimum}" in done.stderr, done.stderr
-    assert minimum == "3.11"
     dry = subprocess.run(["make", "-n", "-B", "lock"], cwd=tmp_path, capture_output=True, text=True).stdout
     assert f"--python-version {minimum}" in dry  # make lock resolves for that same Python
