@@ -114,6 +114,34 @@ def copy_contexts_shallowly() -> None:
     textgen.copy_context = shallow
 
 
+def evaluate_with_the_variables() -> None:
+    """Make textworld's grammar evaluate a template's expression (``{o.name}``, ``{display_list(...)}``) with the
+    context's variables as ``eval``'s locals.
+
+    textworld 1.7 (the newest release) adds the variables to ``locals()`` and calls ``eval`` without a
+    namespace. Up to Python 3.12 ``locals()`` is the frame's own dictionary, which ``eval`` then reads; from 3.13
+    on it is a snapshot (PEP 667), the variables never reach ``eval``, and a game's first text fails with
+    "name 'r' is not defined" (an open TextWorld pull request, #372, fixes it there). Here ``eval`` gets the
+    namespace it read before: the variables, then the method's own locals over them (``value``, not yet bound
+    there, hid a variable of that name), and the module's globals. The same texts (tests/test_alfworld.py), on
+    every Python the project runs on.
+    """
+    import textworld.envs.pddl.textgen as textgen
+
+    original = textgen.EvalSymbol.derive
+    if hasattr(original, "__wrapped__"):
+        return
+
+    def derive(self, context=None):
+        context = context or self.context
+        namespace = {name: value for name, value in context["variables"].items() if name != "value"}
+        namespace.update(self=self, context=context)
+        return [textgen.TerminalSymbol(eval(self.expression, vars(textgen), namespace))]
+
+    derive.__wrapped__ = original
+    textgen.EvalSymbol.derive = derive
+
+
 def engine_store() -> Path:
     """The folder of the engine's kept translations: in the project's cache, one per version of the engine's
     packages (a new translator never reads an old one's answers)."""
@@ -185,6 +213,7 @@ class _Game:
         import textworld.gym
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 
+        evaluate_with_the_variables()  # needed from Python 3.13 on: not a switch
         if memoise:
             memoise_engine(engine_store() if keep else None)
         if shallow:

@@ -8,6 +8,8 @@ import gc
 import importlib.util
 import os
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -423,6 +425,32 @@ def test_shallow_contexts_share_the_records_and_copy_the_dicts(monkeypatch):
     copied["variables"]["r"] = record
     assert "r" not in context["variables"]
     assert original(context)["variables"]["o"] is not record  # textworld's own: a deep copy
+
+
+def test_grammar_expressions_read_their_variables_on_every_python(monkeypatch):
+    """textworld 1.7 hands a template's variables to ``eval`` through ``locals()``, which stopped working in Python
+    3.13 (PEP 667): the worker's patch passes them as ``eval``'s locals, with the same values where the original
+    works (Python 3.11, 3.12), and its original kept."""
+    import textworld.envs.pddl.textgen as textgen
+
+    from envs.alfworld_worker import evaluate_with_the_variables
+
+    original = textgen.EvalSymbol.derive
+    monkeypatch.setattr(textgen.EvalSymbol, "derive", original)  # restored after the test
+    evaluate_with_the_variables()
+    evaluate_with_the_variables()
+    assert textgen.EvalSymbol.derive.__wrapped__ is original
+    tomato = types.SimpleNamespace(name="tomato 1")
+    context = {"variables": {"o": tomato, "value": "hidden, as before"}, "mapping": {}}
+    expressions = ("o.name", "list(join(', ', [o.name, 'microwave 1']))", "context['variables']['o'] is o",
+                   "'value' in dir()")
+    patched = [symbol.symbol for e in expressions for symbol in textgen.EvalSymbol(e, context).derive()]
+    assert patched == ["tomato 1", ["tomato 1", ", ", "microwave 1"], True, False]  # join: the module's
+    if sys.version_info < (3, 13):
+        assert [symbol.symbol for e in expressions for symbol in original(textgen.EvalSymbol(e, context))] == patched
+    else:  # what the patch is for
+        with pytest.raises(NameError, match="'o' is not defined"):
+            original(textgen.EvalSymbol("o.name", context))
 
 
 def test_kept_translations_are_shared_by_new_workers_and_exact(tmp_path, monkeypatch):
