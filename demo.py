@@ -60,7 +60,7 @@ from recipes import DEFAULT, RECIPES, learners
 from recipes.base import Evaluation, Recipe
 from recipes.paper_table import markdown as beside_the_paper
 from utils import checkpoints, metrics, models
-from utils.arg_groups import SEEDS
+from utils.arg_groups import SEEDS, output_folders
 from utils.errors import UsageError
 from utils.io import write_json, write_text_atomic
 from utils.paths import RESULTS_DIR
@@ -290,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"--seeds: each in [0, 2**32 - 1], got {seeds}")
     if options.workers < 1:
         cli.error(f"--workers: at least 1, got {options.workers}")
-    if Path(options.ckpt_path).exists() and not Path(options.ckpt_path).is_dir():
-        cli.error(f"--ckpt_path: {options.ckpt_path} is a file, not a folder")
+    try:
+        output_folders(options, "ckpt_path")  # the scripts' own check: not a file, nor under one
+    except ValueError as error:
+        cli.error(str(error))
     top = Path(options.ckpt_path) / "demo"
     recipes = list(RECIPES.values()) if options.task == ALL else [RECIPES[options.task]]
     if options.model_name is not None:

@@ -24,6 +24,9 @@ os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 from experiment_args import ScriptArguments  # noqa: E402
 from utils.paths import SHARED_DIR  # noqa: E402
 
+# The hand-made ALFWorld game (a trial folder of the tomato->microwave family), small enough for tests to copy.
+HANDMADE_GAME = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
+
 
 def pytest_collection_modifyitems(config, items):
     """The slow end-to-end tests first: pytest-xdist hands tests out in this order, so the longest

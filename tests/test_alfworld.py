@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import HANDMADE_GAME
 from utils.paths import SHARED_DIR
 
 # Not importorskip: importing alfworld creates ~/.cache/alfworld and sets $ALFWORLD_DATA in
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.alfworld
 
 DATA = SHARED_DIR / "alfworld"
 TOMATO = DATA / "tomato_microwave_json_2.1.1"
-FIXTURE = DATA / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
+FIXTURE = HANDMADE_GAME
 if not FIXTURE.is_dir() or not TOMATO.is_dir():
     pytest.skip(f"ALFWorld data not found under {DATA}", allow_module_level=True)
 

@@ -14,13 +14,12 @@ import supervised_pretrain as sft
 from experiment_args import ScriptArguments, parse_args
 from prompts import policy_sft_text
 from tests.auto_explore_repos import build_repo, make_task
-from tests.conftest import REPO
+from tests.conftest import HANDMADE_GAME, REPO
 from tests.test_sft import HEAD, OBS, _write
 from utils import checkpoints, parity
-from utils.paths import SHARED_DIR
 
 PAPER = parity.PRESETS["paper"]
-FIXTURE = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
+FIXTURE = HANDMADE_GAME
 
 
 def test_the_papers_flag_names_are_accepted():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, copy_repository
+from tests.conftest import HANDMADE_GAME, REPO, copy_repository
 from tests.in_process import environment, project_from, run_in_process
 from tests.openai_server import OpenAIServer
 from utils import checkpoints
@@ -178,9 +178,8 @@ def test_every_readme_benchmark_runs(tmp_path, command):
 
 def two_handmade_games(root: Path) -> Path:
     """A training split of two ALFWorld games, each a copy of the hand-made fixture."""
-    fixture = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
     for trial in ("trial_a", "trial_b"):
-        shutil.copytree(fixture, root / "train" / fixture.parent.name / trial)
+        shutil.copytree(HANDMADE_GAME, root / "train" / HANDMADE_GAME.parent.name / trial)
     return root
 
 

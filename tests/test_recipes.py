@@ -260,13 +260,12 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
     import shutil
 
     from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
+    from tests.conftest import HANDMADE_GAME as fixture
     from tests.test_demo import ONE_PROCESS, scaled
     from utils import checkpoints
-    from utils.paths import SHARED_DIR
 
     if importlib.util.find_spec("alfworld") is None:
         pytest.skip("alfworld is not installed")
-    fixture = SHARED_DIR / "alfworld" / "fixtures" / "pick_and_place_simple-Tomato-None-Microwave-1" / "trial_handmade"
     root = tmp_path / "alfworld"
     for split, trial in (("train", "trial_a"), ("train", "trial_b"), ("valid_seen", "trial_c"),
                          ("valid_unseen", "trial_d"), ("valid_train", "trial_e")):
