@@ -63,3 +63,35 @@ def test_sft_then_rl_then_evaluation_run_on_the_eight_bit_model(make_args, tmp_p
                        [{"env": "taxi", "load_dir": str(rl_run / "checkpoint-2"), "name": "8-bit"}])
     (result,) = run.results
     assert result["levels"]["pickup"]["episodes"] == 4
+
+
+def test_the_update_reads_the_rollouts_own_passes_on_the_eight_bit_model(make_args, tmp_path, monkeypatch):
+    """``--reuse_rollout_pass`` at the GPU defaults (8-bit base, bfloat16 autocast, LoRA): every update takes the
+    rollout's kept passes (their graphs run back through bitsandbytes' layers), and the run plays the same moves
+    as one that reads its prompts again: a pass with gradient computes what one without it does."""
+    import rl_finetune
+    from rollout import KeptPasses
+    from utils import checkpoints, metrics
+
+    taken = []
+    take = KeptPasses.take
+    monkeypatch.setattr(KeptPasses, "take", lambda self, decisions: taken.append(take(self, decisions)) or taken[-1])
+    common = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, trainer="pg", baseline="mean",
+                  per_device_eval_batch_size=4, per_device_train_batch_size=4, learning_rate=1e-3,
+                  max_steps=2, save_steps=2)
+    assert make_args().load_in_8bit and make_args().bf16  # the GPU defaults
+    assert rl_finetune.main(make_args(**common)) == 0
+    assert len(taken) == 2 and not any(taken)
+    taken.clear()
+    assert rl_finetune.main(make_args(**common, reuse_rollout_pass=True)) == 0
+    assert len(taken) == 2 and all(taken)  # each iteration's fresh decisions, from the rollout's passes
+    runs = checkpoints.run_dirs(tmp_path / "results", "rl_finetune")
+    logs = [[json.loads(line) for line in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
+            for run in runs]
+    # the first iteration's moves, at the same weights (the second's follow updates equal only to bf16 rounding)
+    labels = [[step["label"] for episode in log if episode["iteration"] == 1 for step in episode["steps"]]
+              for log in logs]
+    assert labels[0] and labels[0] == labels[1]
+    for run in runs:
+        records = [r for r in metrics.read_metrics(run) if "loss" in r]
+        assert len(records) == 2 and all(r["nan_skips"] == 0 and r["loss"] == r["loss"] for r in records)
