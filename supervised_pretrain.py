@@ -128,22 +128,59 @@ class PadCollator:
         return batch
 
 
-class RunFiles(TrainerCallback):
-    """Logs to the run's metrics.jsonl/TensorBoard; saves setting.yml, the choice labels (``labels.json``)
-    and what the checkpoint is (``role.json``: the reflector or the policy, as the data's texts say) into
-    each checkpoint."""
+class SkipNonFiniteSteps(TrainerCallback):
+    """Skips an optimiser step whose gradient holds a NaN or an infinity (a loss that overflowed in bfloat16,
+    a rate that diverged), as RL's learners skip such an update: the gradients are dropped before the
+    optimiser reads them, so the weights and the optimiser's state stay as they were. The Trainer alone
+    would apply them: every later step then reads NaN weights and the checkpoints hold them, while its log
+    shows a finite loss (it leaves non-finite losses out of the average, and a window of them logs 0.0).
+    The gradients are the same on every process (reduced before this hook), so every process skips alike.
+    With ``--fp16`` the loss scaler skips such steps itself, and lowers its scale."""
 
-    def __init__(self, args, run_dir: Path, labels: tuple[str, ...], role: checkpoints.CheckpointRole):
-        self.args, self.run_dir, self.labels, self.role = args, run_dir, labels, role
+    def __init__(self):
+        self.skipped: list[int] = []  # the steps skipped in this run (1-based, as the log counts them)
+
+    def on_pre_optimizer_step(self, training_args, state, control, optimizer=None, **kwargs):
+        if training_args.fp16:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not models.finite_gradients(params):
+            for p in params:
+                p.grad = None  # an optimiser steps no parameter without a gradient
+            self.skipped.append(state.global_step + 1)
+            logger.warning("step %d: non-finite loss or gradient; the step is skipped (weights unchanged)",
+                           state.global_step + 1)
+
+
+class RunFiles(TrainerCallback):
+    """Logs to the run's metrics.jsonl/TensorBoard (with ``nan_skips``, the steps skipped so far for a
+    non-finite loss or gradient); saves setting.yml, the choice labels (``labels.json``) and what the
+    checkpoint is (``role.json``: the reflector or the policy, as the data's texts say) into each checkpoint."""
+
+    def __init__(self, args, run_dir: Path, labels: tuple[str, ...], role: checkpoints.CheckpointRole,
+                 guard: SkipNonFiniteSteps):
+        self.args, self.run_dir, self.labels, self.role, self.guard = args, run_dir, labels, role, guard
         self.metrics = metrics.MetricLogger(run_dir)
         self.steps_done = 0  # optimiser steps taken by this process (a resumed run starts later)
+        self.last_record = (0, 0)  # (step, steps skipped so far) at the last record with a loss
+
+    def on_train_begin(self, training_args, state, control, **kwargs):
+        self.last_record = (state.global_step, 0)  # a resumed run starts at its checkpoint's step
 
     def on_step_end(self, training_args, state, control, **kwargs):
         self.steps_done += 1
 
     def on_log(self, training_args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            self.metrics.log(state.global_step, {k: v for k, v in logs.items() if isinstance(v, (int, float))})
+        if not (state.is_world_process_zero and logs):
+            return
+        record = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+        if "loss" in record:
+            step, skipped = self.last_record
+            if len(self.guard.skipped) - skipped >= state.global_step - step > 0:
+                record["loss"] = float("nan")  # every step since the last record was skipped: no loss to show
+            self.last_record = (state.global_step, len(self.guard.skipped))
+            record["nan_skips"] = len(self.guard.skipped)
+        self.metrics.log(state.global_step, record)
 
     def on_save(self, training_args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -223,17 +260,23 @@ def main(args) -> int:
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
     )
-    files = RunFiles(args, run_dir, label_alphabet(tokenizer), checkpoints.sft_role(texts))
+    guard = SkipNonFiniteSteps()
+    files = RunFiles(args, run_dir, label_alphabet(tokenizer), checkpoints.sft_role(texts), guard)
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset,
                       data_collator=PadCollator(tokenizer.pad_token_id, completion_logits(args, model)),
                       processing_class=tokenizer,
-                      callbacks=[files])
+                      callbacks=[guard, files])
     result = trainer.train(resume_from_checkpoint=args.resume_from)
     final = run_dir / f"checkpoint-{trainer.state.global_step}"
     seconds = result.metrics.get("train_runtime", float("nan")) / max(files.steps_done, 1)
     print(f"[supervised_pretrain] {seconds:.2f} s per step, {metrics.peak_memory()}", flush=True)
+    skipped = len(guard.skipped)
+    # the Trainer's mean leaves skipped steps out, and is 0.0 where every step was skipped
+    loss = float("nan") if skipped and skipped >= files.steps_done else result.training_loss
     print(f"[supervised_pretrain] trained {trainer.state.global_step} steps on {len(dataset)} texts, "
-          f"final loss {result.training_loss:.4f}; {'adapter' if args.use_peft else 'model'}: {final}", flush=True)
+          f"final loss {loss:.4f}; {'adapter' if args.use_peft else 'model'}: {final}"
+          + (f" ({skipped} of {files.steps_done} steps skipped for a non-finite loss or gradient: the weights are "
+             "those of the steps taken; a lower --learning_rate or float32 may help)" if skipped else ""), flush=True)
     return 0
 
 

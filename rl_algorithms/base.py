@@ -21,7 +21,7 @@ import torch
 
 from rl_algorithms.losses import ValueHead, cost_to_go, value_loss
 from rollout import Decision, Episode, EpisodeStart, PolicyScorer, entropy_of
-from utils.models import base_model, device
+from utils.models import base_model, device, finite_gradients
 
 Play = Callable[[list[EpisodeStart], np.random.Generator], list[Episode]]
 
@@ -244,8 +244,7 @@ class Learner:
         if accelerator.num_processes > 1:
             for p in params:
                 p.grad = accelerator.reduce(p.grad, reduction="mean")
-        finite = torch.tensor(float(math.isfinite(loss) and all(bool(torch.isfinite(p.grad).all())
-                                                                for p in params)))
+        finite = torch.tensor(float(math.isfinite(loss) and finite_gradients(params)))
         if accelerator.num_processes > 1:
             finite = accelerator.reduce(finite.to(accelerator.device), reduction="min").cpu()
         if not bool(finite):

@@ -182,3 +182,36 @@ def test_a_model_without_logits_to_keep_runs_every_position(make_args, caplog):
     model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
     assert sft.completion_logits(make_args(), model) is True
     assert sft.completion_logits(make_args(completion_logits=False), model) is False
+
+
+def test_a_step_with_a_non_finite_loss_is_skipped_and_counted(make_args, tmp_path, monkeypatch, capsys, caplog):
+    """A NaN loss (a rate that diverged, an overflow in bfloat16) gives NaN gradients. The Trainer alone applies
+    them (every later weight NaN, while its log shows a loss of 0.0 for a window of such steps); the step is
+    skipped instead, as RL skips such an update: the weights stay those of the last step taken."""
+    from transformers import Trainer
+
+    poisoned = {2, 3}
+    compute_loss = Trainer.compute_loss
+
+    def poisoning(self, model, inputs, *args, **kwargs):
+        loss = compute_loss(self, model, inputs, *args, **kwargs)
+        return loss * float("nan") if self.state.global_step + 1 in poisoned else loss
+
+    monkeypatch.setattr(Trainer, "compute_loss", poisoning)
+    texts = [policy_sft_text(OBS.replace("T P", f"T{i % 3}P"), HEAD, str(i % 3)) for i in range(8)]
+    # float32: no loss scaler, on every device; a weight decay, which a step with zero gradients would apply
+    assert sft.main(make_args(task_file=_write(tmp_path / "sft.jsonl", texts), max_steps=4, save_steps=1,
+                              logging_steps=1, learning_rate=1e-2, weight_decay=0.1, per_device_train_batch_size=4,
+                              load_in_8bit=False, bf16=False)) == 0
+    (run_dir,) = (tmp_path / "results").glob("*_supervised_pretrain")
+    weights = [load_file(run_dir / f"checkpoint-{step}" / "adapter_model.safetensors") for step in (1, 2, 3, 4)]
+    for name, first in weights[0].items():
+        assert all(bool(torch.isfinite(w[name]).all()) for w in weights)
+        assert torch.equal(weights[1][name], first) and torch.equal(weights[2][name], first)  # steps 2, 3 skipped
+    assert any(not torch.equal(weights[3][name], first) for name, first in weights[0].items())  # step 4 trained
+    records = [r for r in metrics.read_metrics(run_dir) if "loss" in r]
+    assert [r["nan_skips"] for r in records] == [0, 1, 2, 2]
+    losses = [r["loss"] for r in records]
+    assert losses[0] == losses[0] and losses[3] == losses[3] and losses[1] != losses[1] and losses[2] != losses[2]
+    assert "step 2: non-finite loss or gradient" in caplog.text and "step 3:" in caplog.text
+    assert "(2 of 4 steps skipped for a non-finite loss or gradient" in capsys.readouterr().out

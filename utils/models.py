@@ -397,6 +397,12 @@ def disable_dropout(model: nn.Module) -> int:
     return changed
 
 
+def finite_gradients(params) -> bool:
+    """Whether every gradient of ``params`` that is set is finite (no NaN, no infinity): the test by which RL's
+    learners and SFT skip an optimiser step whose loss or gradient overflowed."""
+    return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+
+
 def _check_lora_targets(model, target_modules) -> None:
     """peft picks LoRA targets per architecture; for one it does not know, ask for the flag."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
