@@ -98,6 +98,24 @@ def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
         torch.testing.assert_close(frozen(**batch).logits, expected)
 
 
+@pytest.mark.parametrize("use_peft", [True, False])
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(make_args, tmp_path, use_peft):
+    """A diverged run's checkpoint (NaN in one weight) is refused where it loads, naming it, for an adapter and
+    for a whole model, trainable (RL's start) or frozen (evaluation): it would play NaN log-probabilities."""
+    args = make_args(use_peft=use_peft, load_in_8bit=False, bf16=False)
+    model, tokenizer = models.load_model_and_tokenizer(args)
+    checkpoint = checkpoints.save_checkpoint(tmp_path / "ckpt", model=model, tokenizer=tokenizer, args=args, step=1)
+    for trainable in (True, False):  # finite: loads
+        models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=trainable)
+    with torch.no_grad():
+        weight = next(p for n, p in model.named_parameters() if "lora_" in n or not use_peft)
+        weight.view(-1)[0] = float("nan")
+    checkpoint = checkpoints.save_checkpoint(tmp_path / "nan", model=model, tokenizer=tokenizer, args=args, step=1)
+    for trainable in (True, False):
+        with pytest.raises(UsageError, match=rf"checkpoint {checkpoint}: 1 of its weight tensors hold NaN"):
+            models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=trainable)
+
+
 def test_frozen_base_model_without_adapter(make_args):
     model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
     assert _count(model)[0] == 0

@@ -307,6 +307,8 @@ def load_model_and_tokenizer(
                              "saved model (config.json)")
         with _quiet_peft():
             model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+    if adapter_dir is not None:
+        _check_finite_weights(model, adapter_dir, whole_model)
     elif trainable and args.use_peft and not whole_model:
         _check_lora_targets(model, args.lora_target_modules)
         config = LoraConfig(
@@ -332,6 +334,18 @@ def load_model_and_tokenizer(
     if args.adapter_autocast:
         autocast_adapters(model)
     return model, tokenizer
+
+
+def _check_finite_weights(model: nn.Module, checkpoint: str, whole_model: bool) -> None:
+    """A checkpoint's weights (its adapter's, or every weight of a whole model) must be finite: one that holds a
+    NaN or an infinity (a run that diverged before SFT and RL skipped such steps, or another tool's) would play
+    NaN log-probabilities, so it is refused in one line naming it."""
+    bad = [name for name, p in model.named_parameters()
+           if (whole_model or "lora_" in name) and p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    if bad:
+        raise UsageError(f"checkpoint {checkpoint}: {len(bad)} of its weight tensors hold NaN or infinity (e.g. "
+                         f"{bad[0]}): the run that saved it diverged; take an earlier checkpoint, or train again "
+                         "(e.g. with a lower --learning_rate)")
 
 
 def autocast_adapters(model: nn.Module) -> int:
