@@ -53,9 +53,12 @@ def read_texts(task_file: str | None) -> list[str]:
             raise UsageError(f"--task_file: {path}:{number} is not JSON ({error})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UsageError(f"--task_file: {path}:{number} has no string field 'text'")
-        if ACTION_MARKER not in record["text"] and ANALYZE_MARKER not in record["text"]:  # what completion_start needs
+        try:
+            completion_start(record["text"])  # its marker, after which the completion starts
+        except ValueError:
             raise UsageError(f"--task_file: {path}:{number}: its text holds neither {ACTION_MARKER!r} nor "
-                             f"{ANALYZE_MARKER!r}, after which its completion starts (data_gen's SFT files hold them)")
+                             f"{ANALYZE_MARKER!r}, after which its completion starts (data_gen's SFT files hold them)"
+                             ) from None
         texts.append(record["text"])
     if not texts:
         raise UsageError(f"--task_file: {path} holds no texts")
@@ -138,7 +141,7 @@ class SkipNonFiniteSteps(TrainerCallback):
     With ``--fp16`` the loss scaler skips such steps itself, and lowers its scale."""
 
     def __init__(self):
-        self.skipped: list[int] = []  # the steps skipped in this run (1-based, as the log counts them)
+        self.skipped = 0  # steps skipped in this run
 
     def on_pre_optimizer_step(self, training_args, state, control, optimizer=None, **kwargs):
         if training_args.fp16:
@@ -147,7 +150,7 @@ class SkipNonFiniteSteps(TrainerCallback):
         if not models.finite_gradients(params):
             for p in params:
                 p.grad = None  # an optimiser steps no parameter without a gradient
-            self.skipped.append(state.global_step + 1)
+            self.skipped += 1
             logger.warning("step %d: non-finite loss or gradient; the step is skipped (weights unchanged)",
                            state.global_step + 1)
 
@@ -176,10 +179,10 @@ class RunFiles(TrainerCallback):
         record = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
         if "loss" in record:
             step, skipped = self.last_record
-            if len(self.guard.skipped) - skipped >= state.global_step - step > 0:
+            if self.guard.skipped - skipped >= state.global_step - step > 0:
                 record["loss"] = float("nan")  # every step since the last record was skipped: no loss to show
-            self.last_record = (state.global_step, len(self.guard.skipped))
-            record["nan_skips"] = len(self.guard.skipped)
+            self.last_record = (state.global_step, self.guard.skipped)
+            record["nan_skips"] = self.guard.skipped
         self.metrics.log(state.global_step, record)
 
     def on_save(self, training_args, state, control, **kwargs):
@@ -270,7 +273,7 @@ def main(args) -> int:
     final = run_dir / f"checkpoint-{trainer.state.global_step}"
     seconds = result.metrics.get("train_runtime", float("nan")) / max(files.steps_done, 1)
     print(f"[supervised_pretrain] {seconds:.2f} s per step, {metrics.peak_memory()}", flush=True)
-    skipped = len(guard.skipped)
+    skipped = guard.skipped
     # the Trainer's mean leaves skipped steps out, and is 0.0 where every step was skipped
     loss = float("nan") if skipped and skipped >= files.steps_done else result.training_loss
     print(f"[supervised_pretrain] trained {trainer.state.global_step} steps on {len(dataset)} texts, "

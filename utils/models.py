@@ -301,15 +301,15 @@ def load_model_and_tokenizer(
 
     if adapter_dir is not None:
         check_label_file(adapter_dir, label_alphabet(tokenizer), model_name, "checkpoint")
-    if adapter_dir is not None and not whole_model:
-        if not (Path(adapter_dir) / "adapter_config.json").is_file():
-            raise ValueError(f"{adapter_dir!r} is neither an adapter directory (adapter_config.json) nor a "
-                             "saved model (config.json)")
-        with _quiet_peft():
-            model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
     if adapter_dir is not None:
+        if not whole_model:
+            if not (Path(adapter_dir) / "adapter_config.json").is_file():
+                raise ValueError(f"{adapter_dir!r} is neither an adapter directory (adapter_config.json) nor a "
+                                 "saved model (config.json)")
+            with _quiet_peft():
+                model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
         _check_finite_weights(model, adapter_dir, whole_model)
-    elif trainable and args.use_peft and not whole_model:
+    elif trainable and args.use_peft:
         _check_lora_targets(model, args.lora_target_modules)
         config = LoraConfig(
             r=args.peft_lora_r,
