@@ -2,6 +2,7 @@
 copy of the repository: the seconds of importing torch and transformers are paid once, not per command."""
 
 import contextlib
+import functools
 import importlib.util
 import os
 import runpy
@@ -13,18 +14,22 @@ from tests.conftest import REPO
 
 def forget_modules(root: Path) -> dict:
     """Take the project's modules (not the tests') imported from ``root`` out of ``sys.modules``; returns them."""
-    library = Path(sys.prefix).resolve()
+    library = _resolved(sys.prefix)
     found = {}
     for name, module in list(sys.modules.items()):
         location = getattr(module, "__file__", None)
-        if (
-            location
-            and name.partition(".")[0] != "tests"
-            and Path(location).resolve().is_relative_to(root)
-            and not Path(location).resolve().is_relative_to(library)
-        ):
-            found[name] = sys.modules.pop(name)
+        if location and name.partition(".")[0] != "tests":
+            resolved = _resolved(location)
+            if resolved.is_relative_to(root) and not resolved.is_relative_to(library):
+                found[name] = sys.modules.pop(name)
     return found
+
+
+@functools.cache
+def _resolved(location: str) -> Path:
+    """A module file's resolved path, remembered: a test that runs thirty commands looked at the same 3,500
+    modules' paths each time (0.4 s a command), and a file's place does not change within a session."""
+    return Path(location).resolve()
 
 
 @contextlib.contextmanager
