@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     done = []
     for recipe in recipes:
+        if recipe.notice:
+            say(f"{recipe.title}, on {recipe.model_label}: {recipe.notice}")
         root = column_dir(top, recipe)
         runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers) for seed in seeds}
         report = seeds_report(recipe, runs)

@@ -121,6 +121,9 @@ class Recipe:
     # RL stream i goes on in the process of SFT stream i, each run starting once its SFT models are trained, not
     # after every SFT: runs that read no long-trained model fill the time a long SFT (the reflector's) takes.
     overlap: bool = False
+    # What the runner says before the recipe starts, when this machine changes what to expect of it (e.g. a
+    # CPU that computes in float32 where the recipe's times were measured in bfloat16); None: nothing.
+    notice: str | None = None
 
     def __post_init__(self) -> None:
         if self.overlap and len(self.sft_streams) != len(self.rl_streams):

@@ -124,6 +124,17 @@ PRETRAINED_SFT = {
 PRETRAINED_RL_ITERATIONS = 24
 PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": PRETRAINED_LEARNING_RATE, "panel_every": 8, "panel_episodes": 32}
 
+# Said by the runner where the recipe computes in float32 (a CPU without native bfloat16): its 90-minute budget was
+# measured in bfloat16 (README, "Bring your own model"). Measured on a 2-core AMD EPYC with AVX2 only (2026-11-28):
+# the reflector's SFT step of 16 texts took 26-28 s (5.6 s in bfloat16: seeds 0 and 1 on the 2-core machine with
+# amx_bf16), the policies' 28-31 s on the other core.
+FLOAT32_NOTICE = (
+    "no native bfloat16 found on this CPU (avx512_bf16 or amx_bf16 in /proc/cpuinfo), so the recipe computes in "
+    "float32, several times slower than in the bfloat16 it was timed in: on a 2-core CPU with AVX2 only an SFT step of "
+    f"the reflector took about 27 s (5.6 s in bfloat16), so its {PRETRAINED_REFLECTOR_STEPS} steps alone take about 3 "
+    "hours, where a whole seed took 72 minutes in bfloat16. A GPU, or a CPU with avx512_bf16 or amx_bf16, runs it in "
+    "the README's time")
+
 
 def on_pretrained(model_name: str) -> Recipe:
     """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA."""
@@ -143,6 +154,7 @@ def on_pretrained(model_name: str) -> Recipe:
         rl_streams=((REFLECT_RL, WITHOUT_REFLECTION, RLFT_ONLY),),
         budget=PRETRAINED_BUDGET, pretrained=None,
         extra={"data_episodes": PRETRAINED_DATA_EPISODES, "data_random_prob": PRETRAINED_DATA_RANDOM_PROB},
+        notice=None if cuda_available() or cpu_native_bf16() else FLOAT32_NOTICE,
         departures=(
             (f"{PRETRAINED_RL_ITERATIONS} RL iterations of 16 episodes, SFT of {PRETRAINED_SFT['policy'].steps}-"
              f"{PRETRAINED_SFT['reflector'].steps} steps of 16 texts (the paper: more)",

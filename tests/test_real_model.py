@@ -201,7 +201,7 @@ def test_the_update_from_the_rollouts_passes_on_a_real_model(chain):
     same_gradients(kept_steps, steps)
 
 
-def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch):
+def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch, capsys):
     """``demo.py --model_name <gguf>``: the Taxi pickup column's recipe for a pretrained model, every stage at
     a tiny budget, LoRA adapters, the model named in the report."""
     import dataclasses
@@ -224,6 +224,10 @@ def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch):
 
     monkeypatch.setattr(taxi_pickup, "on_pretrained", tiny)
     assert demo.main(["--model_name", MODEL, f"--ckpt_path={tmp_path}", "--workers", "1"]) == 0
+    # on a CPU without native bfloat16 (float32) the runner first says that the README's times were bfloat16's
+    said = capsys.readouterr().out
+    assert (taxi_pickup.FLOAT32_NOTICE in said) is (taxi_pickup.on_pretrained(MODEL).notice is not None)
+    assert said.count(taxi_pickup.FLOAT32_NOTICE) <= 1
     root = tmp_path / "demo" / f"taxi_pickup-{Path(MODEL).name}"
     report = (root / "seed-0" / "results.md").read_text()
     assert f"{Path(MODEL).name}, offline" in report and "tiny-gpt2" not in report
