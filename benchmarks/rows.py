@@ -29,6 +29,11 @@ def take_out(argv: list[str], prog: str) -> tuple[Path | None, list[str]]:
     return out, argv[:at] + argv[at + 2:]
 
 
+def take_switch(argv: list[str], switch: str) -> tuple[bool, list[str]]:
+    """Whether ``switch`` (a benchmark's own flag, e.g. ``--emulated_bf16``) is in ``argv``, and the rest."""
+    return switch in argv, [word for word in argv if word != switch]
+
+
 def _refuse(prog: str, message: str) -> NoReturn:
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
