@@ -141,8 +141,9 @@ def on_pretrained(model_name: str) -> Recipe:
     # bfloat16 where the CPU computes it natively (avx512_bf16, amx_bf16); elsewhere it is emulated, several
     # times slower than float32 (a 2-core EPYC without it: 106 s for one RL iteration of 2 episodes). On CUDA,
     # bfloat16 without the paper's 8-bit base: the same base weights as on a CPU, so the machines' rows compare.
+    cpu_bf16, cuda = bool(cpu_native_bf16()), cuda_available()
     model = ("--model_name=" + model_name, "--use_peft", "--lora_r=64", "--lora_alpha=16",
-             *(("--cpu_bf16",) if cpu_native_bf16() else ()), *(("--no_load_in_8bit",) if cuda_available() else ()))
+             *(("--cpu_bf16",) if cpu_bf16 else ()), *(("--no_load_in_8bit",) if cuda else ()))
     label = Path(model_name).name
     return dataclasses.replace(
         RECIPE, name=f"{RECIPE.name}-{label}", title=f"{RECIPE.title} (LoRA)", model=model,
@@ -154,7 +155,7 @@ def on_pretrained(model_name: str) -> Recipe:
         rl_streams=((REFLECT_RL, WITHOUT_REFLECTION, RLFT_ONLY),),
         budget=PRETRAINED_BUDGET, pretrained=None,
         extra={"data_episodes": PRETRAINED_DATA_EPISODES, "data_random_prob": PRETRAINED_DATA_RANDOM_PROB},
-        notice=None if cuda_available() or cpu_native_bf16() else FLOAT32_NOTICE,
+        notice=None if cuda or cpu_bf16 else FLOAT32_NOTICE,  # float32: bf16 on neither
         departures=(
             (f"{PRETRAINED_RL_ITERATIONS} RL iterations of 16 episodes, SFT of {PRETRAINED_SFT['policy'].steps}-"
              f"{PRETRAINED_SFT['reflector'].steps} steps of 16 texts (the paper: more)",
