@@ -107,3 +107,14 @@ def test_every_condition_is_declared_once_and_can_be_asked(caplog):
     owned = {flag for spec in ENVS.values() for flag in spec.own_flags}
     assert set(table) == declared | owned  # nothing else feeds the warning
     assert {"peft_lora_r", "eval_panel", "reflect_max_new_tokens", "eval_levels", "load_dir", "warmup_ratio"} <= set(table)
+
+
+@pytest.mark.parametrize("flag", ["--alfworld_data=games", "--repo_dir=repos"])
+def test_a_script_playing_every_environment_reads_their_flags_without_env(caplog, flag):
+    """``benchmarks.env_speed`` plays Taxi, AutoExplore and ALFWorld whatever --env says, and reads
+    --alfworld_data and --repo_dir: it used to warn that the one it was given was ignored."""
+    name = flag.split("=")[0]
+    assert warned(caplog, [flag], prog="python -m benchmarks.env_speed") == ""
+    assert warned(caplog, [flag, "--env=taxi"], prog="python -m benchmarks.env_speed") == ""
+    assert f"{name} (only with --env" in warned(caplog, [flag, "--env=taxi"])  # RL on Taxi does not read them
+    assert f"{name} (only with --env" in warned(caplog, [flag, "--env=taxi"], prog="python -m benchmarks.enumeration")

@@ -30,10 +30,11 @@ class Applies:
     where: str
     holds: Callable[[Any], bool]
     scripts: tuple[str, ...] = ()
+    not_in: tuple[str, ...] = ()  # the entry points that read the flag without it (of every script else)
 
     def checked_in(self, script: str | None) -> bool:
         """Whether the condition is asked of a run of ``script`` (None: a script that did not say which)."""
-        return not self.scripts or script in self.scripts
+        return (not self.scripts or script in self.scripts) and script not in self.not_in
 
 
 def cuda_available() -> bool:
@@ -47,6 +48,9 @@ def _never(args) -> bool:
 
 
 RL_SCRIPT, SFT_SCRIPT, EVAL_SCRIPT = "rl_finetune", "supervised_pretrain", "evaluation.evaluate"
+# The entry points that play several environments whatever --env says, and the environments' own flags each
+# reads there: for them such a flag applies without its --env.
+READ_WITHOUT_ENV = {"benchmarks.env_speed": ("alfworld_data", "repo_dir")}
 PG = Applies("--trainer pg", lambda a: a.trainer == "pg")
 PPO = Applies("--trainer ppo", lambda a: a.trainer == "ppo")
 PPO_OR_CLIPPED = Applies("--trainer ppo, grpo or gigpo", lambda a: a.trainer in ("ppo", "grpo", "gigpo"))
@@ -95,7 +99,9 @@ def applicability(fields: tuple[Field, ...], specs: dict) -> dict[str, tuple[App
     that means something for some environments only, in those environments' specs (``own_flags``)."""
     table = {f.name: f.metadata.get(ONLY_WITH, ()) for f in fields}
     for flag, names in flag_owners(specs, "own_flags").items():
-        table[flag] = (*table[flag], Applies(f"--env {' or '.join(names)}", lambda a, names=names: a.env in names))
+        readers = tuple(script for script, flags in READ_WITHOUT_ENV.items() if flag in flags)
+        table[flag] = (*table[flag], Applies(f"--env {' or '.join(names)}", lambda a, names=names: a.env in names,
+                                             not_in=readers))
     return {flag: conditions for flag, conditions in table.items() if conditions}
 
 
