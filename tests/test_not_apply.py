@@ -118,3 +118,12 @@ def test_a_script_playing_every_environment_reads_their_flags_without_env(caplog
     assert warned(caplog, [flag, "--env=taxi"], prog="python -m benchmarks.env_speed") == ""
     assert f"{name} (only with --env" in warned(caplog, [flag, "--env=taxi"])  # RL on Taxi does not read them
     assert f"{name} (only with --env" in warned(caplog, [flag, "--env=taxi"], prog="python -m benchmarks.enumeration")
+
+
+def test_the_step_that_writes_the_repositories_reports_repo_dir(caplog):
+    """collect_repos writes to --output_dir: a --repo_dir given to it was ignored without a word."""
+    collect = "python -m data_gen.auto_explore.collect_repos"
+    assert "--repo_dir (only with a step that reads repositories; collect_repos writes them to --output_dir)" in \
+        warned(caplog, ["--repo_dir=repos"], prog=collect)
+    assert warned(caplog, ["--output_dir=repos"], prog=collect) == ""
+    assert warned(caplog, ["--repo_dir=repos"], prog="python -m data_gen.auto_explore.filter_repo") == ""

@@ -77,6 +77,9 @@ GREEDY_REFLECTIONS = Applies("greedy reflections, --top_k 1", lambda a: a.top_k 
 ONLY_SFT = Applies("SFT, supervised_pretrain.py", _never, scripts=(RL_SCRIPT,))
 ONLY_EVALUATION = Applies("evaluation, python -m evaluation.evaluate", _never, scripts=(RL_SCRIPT, SFT_SCRIPT))
 ONLY_RL = Applies("RL, rl_finetune.py", _never, scripts=(SFT_SCRIPT, EVAL_SCRIPT))
+# collect_repos writes the repositories (to --output_dir); the steps after it read them from --repo_dir.
+READS_REPOS = Applies("a step that reads repositories; collect_repos writes them to --output_dir", _never,
+                      scripts=("data_gen.auto_explore.collect_repos",))
 # Evaluation plays --eval_load_list's entries when it is given, each with its own checkpoints.
 NO_LOAD_LIST = Applies("an evaluation without --eval_load_list, whose entries name their own checkpoints",
                        lambda a: not a.eval_load_list, scripts=(EVAL_SCRIPT,))

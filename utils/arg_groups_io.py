@@ -12,6 +12,7 @@ from utils.arg_groups import (
     ONLY_RL,
     ONLY_SFT,
     PANEL,
+    READS_REPOS,
     RL_SCRIPT,
     Applies,
     _arg,
@@ -56,7 +57,7 @@ class DataArguments(_Group):
     repo_dir: str | None = _arg(
         None, "A repository folder: the repo envs.play explores; AutoExplore data: the folder of repos a step "
         "reads (filter_repo: the raw repos; later steps: the filtered ones, default "
-        "data/auto_explore/repos_filtered).")
+        "data/auto_explore/repos_filtered).", READS_REPOS)
 
     def __post_init__(self) -> None:
         _at_least(self, 1, "num_episodes")
