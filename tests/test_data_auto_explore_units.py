@@ -102,6 +102,29 @@ def test_split_data_holds_a_repository_out(tmp_path):
         split_data.main(ScriptArguments(task_file=str(task_file), holdout_repo="gamma"))
 
 
+def test_split_data_refuses_nothing_to_split_and_names_an_empty_split(tmp_path, caplog):
+    """An empty task file (or one whose every task is held out) used to give three empty splits, which the
+    steps after it refused one by one; a split left empty by a few tasks is said."""
+    import json
+
+    from data_gen.auto_explore import split_data
+    from experiment_args import ScriptArguments
+
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    with pytest.raises(ValueError, match=f"--task_file: nothing to split in {empty}: it holds no task"):
+        split_data.main(ScriptArguments(task_file=str(empty), output_dir=str(tmp_path / "out")))
+    assert not (tmp_path / "out" / "train.json").exists()
+    one_repo = tmp_path / "one_repo.json"
+    one_repo.write_text(json.dumps([{"question": "q", "filename": "a.py", "root": "alpha", "n_level": 0}]))
+    with pytest.raises(ValueError, match="every task of it comes from --holdout_repo 'alpha'"):
+        split_data.main(ScriptArguments(task_file=str(one_repo), holdout_repo="alpha"))
+    with caplog.at_level("WARNING", logger=split_data.__name__):
+        assert split_data.main(ScriptArguments(task_file=str(one_repo))) == 0
+    assert "1 task(s) leave validate.json and test.json empty (split 0.7:0.2:0.1)" in caplog.text
+    assert len(json.loads((tmp_path / "train.json").read_text())) == 1
+
+
 def test_the_reflectors_advice_is_read_back_from_every_oracle_sentence():
     """advised_command inverts the oracle writer: every template and correction gives its command back."""
     import numpy as np

@@ -7,6 +7,7 @@ appears on both sides of a split; groups are shuffled with ``--seed`` and filled
 the splits in order, each group going to the first split with room for it.
 """
 
+import logging
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -17,6 +18,8 @@ from envs.auto_explore_tasks import load_tasks
 from experiment_args import run_script
 from utils.errors import UsageError
 from utils.io import write_json
+
+logger = logging.getLogger(__name__)
 
 SPLITS = {"train": 0.7, "validate": 0.2, "test": 0.1}
 
@@ -53,7 +56,14 @@ def main(args) -> int:
         repos = sorted({repository(task) for task in tasks})
         raise UsageError(f"--holdout_repo {args.holdout_repo!r}: no task of {task_file} comes from it "
                          f"(its repositories: {', '.join(repos)})")
-    splits = split_tasks([task for task in tasks if repository(task) != args.holdout_repo], args.seed)
+    kept = [task for task in tasks if repository(task) != args.holdout_repo]
+    if not kept:
+        why = f"every task of it comes from --holdout_repo {args.holdout_repo!r}" if tasks else "it holds no task"
+        raise UsageError(f"--task_file: nothing to split in {task_file}: {why}")
+    splits = split_tasks(kept, args.seed)
+    if empty := [name for name, part in splits.items() if not part]:
+        logger.warning("%s: %d task(s) leave %s empty (split %s)", task_file, len(kept),
+                       " and ".join(f"{name}.json" for name in empty), ":".join(f"{f:g}" for f in SPLITS.values()))
     if held_out:
         splits["holdout"] = held_out
     counts = {}
