@@ -278,6 +278,8 @@ def test_a_plot_of_a_folder_that_holds_no_run_log_is_one_line(run, tmp_path):
     (garbled / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # a broken record inside
     for entry, said in ((f"curve={empty}", f"--expdirs curve={empty}: {empty}: no metrics.jsonl in it"),
                         ("curve=", "--expdirs: 'curve=' names no run directory"),
+                        (str(tmp_path / "gone"), f"--expdirs {tmp_path / 'gone'}: {tmp_path / 'gone'}: no such folder"),
+                        (str(garbled / "metrics.jsonl"), f"{garbled / 'metrics.jsonl'}: a file; give the run folder"),
                         (str(garbled), f"{garbled / 'metrics.jsonl'}:2: not a JSON record")):
         code, line = run(plot.main, "python -m visualization.plot", f"--expdirs={entry}",
                          f"--output_file={tmp_path / 'curves.png'}")

@@ -41,3 +41,5 @@ def test_a_folder_or_a_binary_file_is_named_as_such(tmp_path):
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(UsageError, match="--data: .*binary.json is not UTF-8 text"):
         read_json(tmp_path / "binary.json", flag="--data")
+    with pytest.raises(UsageError, match="--data: /dev/null is not a regular file"):  # it exists: not "no such file"
+        read_json("/dev/null", flag="--data")

@@ -39,12 +39,15 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
 
 def read_input(path: str | Path, flag: str) -> str:
     """The text of the input file ``path`` that ``flag`` names, or a :class:`UsageError` naming both: no such
-    file, a folder, unreadable, or not UTF-8 text (a binary file)."""
+    file, a folder, a device or a pipe (``/dev/null``, a shell's ``<(...)``: inputs may be read more than
+    once), unreadable, or not UTF-8 text (a binary file)."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{flag}: {path} is a folder; give a file")
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"{flag}: no such file {str(path)!r}")
+    if not path.is_file():
+        raise UsageError(f"{flag}: {path} is not a regular file (a device or a pipe); give a file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
