@@ -196,6 +196,10 @@ class _GroupedParser(HfArgumentParser):
                                           metadata=arg_metadata(f))
                 clone.name, clone.type = f.name, hints[f.name]
                 self._parse_dataclass_field(section, clone)
+                negation = self._actions[-1]
+                if isinstance(negation, argparse._StoreFalseAction) and negation.dest == f.name:
+                    # transformers gives ``--no_X`` X's own help and "(default: False)", which reads as if X were off
+                    negation.help, negation.default = f"Turn --{f.name} off (it is on by default).", argparse.SUPPRESS
                 if clone.type == bool | None:
                     # A bare ``--reflect`` means True, as for the plain bool flags.
                     self._actions[-1].nargs, self._actions[-1].const = "?", True

@@ -170,6 +170,24 @@ def test_help_lists_flags_with_help(script):
                  "--per_device_eval_batch_size", "--eval_reps", "--seed", "--config"):
         assert flag in out, flag
     assert "Adam learning rate" in out and "reinforcement learning:" in out
+    assert "a .gguf file" in out
+
+
+def test_a_negated_flag_says_what_it_turns_off():
+    """transformers' ``--no_X`` repeats X's help with "(default: False)", as if X were off; ours names X and
+    says it is on by default, and the two still set one setting."""
+    import argparse
+
+    from experiment_args import build_parser
+
+    parser = build_parser("rl_finetune.py")
+    negations = [a for a in parser._actions if isinstance(a, argparse._StoreFalseAction)]
+    assert {a.dest for a in negations} >= {"use_peft", "bf16", "reflection_memo", "prefix_cache"}
+    for action in negations:
+        assert action.help == f"Turn --{action.dest} off (it is on by default).", action.help
+        assert parser.get_default(action.dest) is True
+    assert parse_args([]).use_peft is True and parse_args(["--no_use_peft"]).use_peft is False
+    assert parse_args(["--no-use-peft", "--use_peft"]).use_peft is True  # the last one given wins
 
 
 def test_a_script_for_one_env_takes_its_curriculum_flags(capsys):

@@ -183,8 +183,9 @@ class ModelArguments(_Group):
 
     model_name: str = _arg(
         "gpt2-xl",
-        "Base model: a Hugging Face hub id, a local model directory, or 'tiny-gpt2' "
-        "(built offline, random weights, for tests and the CPU demo).")
+        "Base model: a Hugging Face hub id, a local model directory, a .gguf file (made into a float model "
+        "folder once, in the cache; needs the gguf package), or 'tiny-gpt2' (built offline, random weights, for "
+        "tests and the CPU demo).")
     load_dir: str | None = _arg(
         None,
         "Adapter directory of the policy to start from (an SFT checkpoint-N/). "
