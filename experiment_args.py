@@ -18,6 +18,7 @@ FILE.yaml``, explicit command-line flags.
 import argparse
 import contextvars
 import dataclasses
+import difflib
 import logging
 import sys
 from dataclasses import dataclass
@@ -277,10 +278,12 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
         preset_argv = _to_argv(PRESETS.get(preset, {}), f"--preset={preset}")
         parsing = _SCRIPT.set(script)
         try:
-            (args,) = parser.parse_args_into_dataclasses(
-                args=_to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
-                              f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit,
-                look_for_args_file=False)
+            words = _to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
+                             f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit
+            unknown = unknown_words(parser, parser.parse_known_args(words)[1])
+            if unknown:
+                raise UsageError(unknown)
+            (args,) = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False)
         finally:
             _SCRIPT.reset(parsing)
         if env is not None:
@@ -290,6 +293,24 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str | None:
+    """What argparse left unparsed, said in one phrase with the closest known flag for each unknown one (a typo,
+    mostly), or None. A word after an unknown flag is taken as that flag's value and not named again."""
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    said, after_flag = [], False
+    for word in words:
+        if word.startswith("-") and len(word) > 1:
+            name = word.split("=", 1)[0]
+            close = difflib.get_close_matches(name.replace("-", "_"), known, n=1, cutoff=0.75)
+            said.append(f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+            after_flag = "=" not in word
+        elif not after_flag:
+            said.append(f"{word!r} follows no flag that takes it")
+        else:
+            after_flag = False
+    return "; ".join(said) + " (all flags: --help)" if said else None
 
 
 def script_name(prog: str) -> str:

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.rows import print_table, save, steady, steady_mean, take_out, take_switch
+from benchmarks.rows import own_flags, print_table, save, steady, steady_mean
 from envs import make_env
 from envs.taxi import taxi_curriculum
 from experiment_args import cpu_native_bf16, one_line_usage_errors, parse_args
@@ -131,9 +131,11 @@ def play_iterations(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out, argv = take_out(argv, "python -m benchmarks.rl_iteration")
-    emulated, argv = take_switch(argv, "--emulated_bf16")
-    skip_bf16 = not (emulated or cuda_available() or cpu_native_bf16())
+    own, argv = own_flags(argv, "python -m benchmarks.rl_iteration", __doc__, {
+        "--emulated_bf16": "run the rows about bf16 even where the CPU emulates it (no avx512_bf16 or amx_bf16): "
+                           "they then time the emulation, for hours"})
+    out = own.out
+    skip_bf16 = not (own.emulated_bf16 or cuda_available() or cpu_native_bf16())
     defaults = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=40",
                 "--per_device_eval_batch_size=16", "--max_steps=6", "--no_use_peft", "--learning_rate=1e-4",
                 "--baseline=mean"]

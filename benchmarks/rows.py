@@ -1,6 +1,7 @@
 """What the benchmarks that add one option a row share (``rl_iteration``, ``sft_step``): the ``--out FILE.json``
 option, the steady-state mean of a row's timings, and the Markdown table they print."""
 
+import argparse
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -10,28 +11,36 @@ import numpy as np
 from utils.io import write_json
 
 
-def take_out(argv: list[str], prog: str) -> tuple[Path | None, list[str]]:
-    """``--out FILE`` taken from ``argv`` (None if absent) and the rest. Its folder is made now: a name that
-    cannot be written (none given, a folder, a folder that cannot be made) ends the program with one line and
-    status 2 before the benchmark runs, not after."""
-    if "--out" not in argv:
-        return None, argv
-    at = argv.index("--out")
-    if at + 1 >= len(argv):
-        _refuse(prog, "--out needs a file name")
-    out = Path(argv[at + 1])
-    if out.is_dir():
-        _refuse(prog, f"--out: {out} is a folder; give a file name")
+def own_flags(argv: list[str], prog: str, doc: str,
+              switches: dict[str, str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """The benchmark's own flags taken from ``argv``, and the rest (the shared flags, for ``parse_args``):
+    ``--out FILE.json`` (or ``--out=FILE.json``) and each of ``switches`` (flag -> help), on or off.
+
+    ``--out``'s folder is made now: a name that cannot be written (none given, a folder, a folder that cannot be
+    made) ends the program with one line and status 2 before the benchmark runs, not after. With ``--help``,
+    ``doc`` (the module's docstring) and these flags are printed before the shared flags' help."""
+    own = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False, description=doc,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = own.add_argument_group("this benchmark's own flags")
+    group.add_argument("--out", metavar="FILE.json", help="also write the rows, with every measurement, to this JSON file")
+    for flag, text in (switches or {}).items():
+        group.add_argument(flag, action="store_true", help=text)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        _refuse(prog, f"--out: cannot make the folder of {out} ({error.strerror})")
-    return out, argv[:at] + argv[at + 2:]
-
-
-def take_switch(argv: list[str], switch: str) -> tuple[bool, list[str]]:
-    """Whether ``switch`` (a benchmark's own flag, e.g. ``--emulated_bf16``) is in ``argv``, and the rest."""
-    return switch in argv, [word for word in argv if word != switch]
+        options, rest = own.parse_known_args(argv)
+    except SystemExit:  # argparse has said what is wrong (--out without a name ...), in one line, status 2
+        raise SystemExit(2) from None
+    if "-h" in rest or "--help" in rest:
+        own.print_help()
+        print()
+    if options.out is not None:
+        out = options.out = Path(options.out)
+        if not str(out) or out.is_dir():
+            _refuse(prog, f"--out: {out} is a folder; give a file name")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            _refuse(prog, f"--out: cannot make the folder of {out} ({error.strerror})")
+    return options, rest
 
 
 def _refuse(prog: str, message: str) -> NoReturn:

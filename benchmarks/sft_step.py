@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.rows import print_table, save, steady_mean, take_out
+from benchmarks.rows import own_flags, print_table, save, steady_mean
 from experiment_args import one_line_usage_errors, parse_args
 
 PROG = "python -m benchmarks.sft_step"
@@ -86,7 +86,8 @@ def train_steps(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out, argv = take_out(argv, PROG)
+    own, argv = own_flags(argv, PROG, __doc__)
+    out = own.out
     defaults = ["--model_name=tiny-gpt2", "--per_device_train_batch_size=16", "--max_steps=5", "--seed=0",
                 "--learning_rate=2e-3"]
     model_name = parse_args([*defaults, *argv], prog=PROG).model_name

@@ -289,19 +289,51 @@ def test_a_plot_of_a_folder_that_holds_no_run_log_is_one_line(run, tmp_path):
 
 def test_a_benchmarks_out_file_is_checked_before_the_benchmark_runs(tmp_path, capsys):
     """``--out`` of rl_iteration and sft_step: its folder is made at once, and a name that cannot be written ends
-    the program before a run of up to an hour, not after it."""
-    from benchmarks.rows import save, take_out
+    the program before a run of up to an hour, not after it. ``--out=FILE`` works as every other flag does."""
+    from benchmarks.rows import own_flags, save
 
-    out, rest = take_out(["--max_steps", "2", "--out", str(tmp_path / "new" / "rows.json")], "prog")
-    assert rest == ["--max_steps", "2"] and out.parent.is_dir()
-    save(out, [{"row": "everything off", "seconds": [1.5]}])
-    assert json.loads(out.read_text()) == [{"row": "everything off", "seconds": [1.5]}]
+    for form in (["--out", str(tmp_path / "new" / "rows.json")], [f"--out={tmp_path / 'new' / 'rows.json'}"]):
+        own, rest = own_flags(["--max_steps", "2", *form, "--model_name=x"], "prog", "doc")
+        assert rest == ["--max_steps", "2", "--model_name=x"] and own.out == tmp_path / "new" / "rows.json"
+    assert own.out.parent.is_dir() and own_flags(["--max_steps", "2"], "prog", "doc")[0].out is None
+    save(own.out, [{"row": "everything off", "seconds": [1.5]}])
+    assert json.loads(own.out.read_text()) == [{"row": "everything off", "seconds": [1.5]}]
     (tmp_path / "a_file").write_text("")
-    for argv, said in ((["--out"], "--out needs a file name"), (["--out", str(tmp_path)], f"--out: {tmp_path} is a folder"),
+    for argv, said in ((["--out"], "argument --out: expected one argument"),
+                       (["--out", str(tmp_path)], f"--out: {tmp_path} is a folder"),
                        (["--out", str(tmp_path / "a_file" / "rows.json")], "--out: cannot make the folder of")):
         with pytest.raises(SystemExit) as stop:
-            take_out(argv, "prog")
+            own_flags(argv, "prog", "doc")
         assert stop.value.code == 2 and f"prog: error: {said}" in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize("module, own", [("benchmarks.rl_iteration", ["--out", "--emulated_bf16"]),
+                                         ("benchmarks.sft_step", ["--out"])])
+def test_a_benchmarks_help_lists_its_own_flags_then_the_shared_ones(module, own):
+    """``--help`` of a benchmark with flags of its own: what it measures (its docstring), its own flags, and the
+    flags every script shares; nothing runs."""
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    head, _, shared = result.stdout.partition("Reflect-RL: every script shares these flags.")
+    assert "this benchmark's own flags" in head and all(flag in head for flag in own)
+    assert "Every row" in head and "--model_name" in shared
+
+
+def test_an_unknown_flag_is_named_with_the_closest_known_one(capsys):
+    """A typo in a flag gets one line naming it and the flag it was probably meant to be, not transformers'
+    "Some specified arguments are not used"; a stray word is named too; values of unknown flags are not."""
+    from experiment_args import parse_args
+
+    for argv, said in ((["--max_step", "3"], "unknown flag --max_step (did you mean --max_steps?)"),
+                       (["--per_device_eval_batchsize=4"],
+                        "unknown flag --per_device_eval_batchsize (did you mean --per_device_eval_batch_size?)"),
+                       (["--reflect-load-dri", "x"], "unknown flag --reflect-load-dri (did you mean --reflect_load_dir?)"),
+                       (["--bogus", "1", "stray"], "unknown flag --bogus; 'stray' follows no flag that takes it")):
+        with pytest.raises(SystemExit) as stop:
+            parse_args(argv, prog="rl_finetune.py")
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert stop.value.code == 2 and err == f"rl_finetune.py: error: {said} (all flags: --help)", err
 
 
 def test_every_entry_point_ends_bad_input_in_one_line():
