@@ -228,7 +228,9 @@ def _to_argv(values: dict, source: str) -> list[str]:
     known = {f.name for f in dataclasses.fields(ScriptArguments)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"{source} has unknown keys {unknown}")
+        close = {key: difflib.get_close_matches(str(key), known, n=1, cutoff=0.75) for key in unknown}
+        hints = "; ".join(f"{key!r}: did you mean {match[0]!r}?" for key, match in close.items() if match)
+        raise ValueError(f"{source} has unknown keys {unknown}" + (f" ({hints})" if hints else ""))
     argv: list[str] = []
     for key, value in values.items():
         if key == "config" or value is None:

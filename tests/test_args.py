@@ -56,6 +56,7 @@ def test_yaml_unknown_key_is_an_error(tmp_path, capsys):
         parse_args([f"--config={config}"])
     err = capsys.readouterr().err
     assert "learnin_rate" in err and str(config) in err
+    assert "has unknown keys ['learnin_rate'] ('learnin_rate': did you mean 'learning_rate'?)" in err
 
 
 def test_missing_config_file_is_named(tmp_path, capsys):
