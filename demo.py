@@ -55,7 +55,7 @@ import torch
 import yaml
 
 from evaluation import evaluate
-from experiment_args import one_line_usage_errors, parse_args
+from experiment_args import one_line_usage_errors, parse_args, unknown_words
 from recipes import DEFAULT, RECIPES, learners
 from recipes.base import Evaluation, Recipe
 from recipes.paper_table import markdown as beside_the_paper
@@ -262,7 +262,7 @@ def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    cli = argparse.ArgumentParser(prog="demo.py", description=__doc__.split("\n\n")[0])
+    cli = argparse.ArgumentParser(prog="demo.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     cli.add_argument("--task", default=DEFAULT, choices=[*sorted(RECIPES), ALL],
                      help=f"the column of the paper's table ({ALL}: every recipe, then results/demo/paper_table.md)")
     cli.add_argument("--seed", type=int, default=SEED, help="training seed of the whole pipeline")
@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--check_reflectors", nargs="+", metavar="CHECKPOINT",
                      help="train nothing: judge these SFT reflectors on validation episodes, read by the SFT policy of "
                           "--seed's finished (or stopped) run, and print a table (to choose a reflector's SFT budget)")
-    options = cli.parse_args(list(argv or []))
+    options, extra = cli.parse_known_args(list(argv or []))
+    if extra:
+        cli.error(unknown_words(cli, extra))
     seeds = options.seeds if options.seeds is not None else [options.seed]
     if len(set(seeds)) != len(seeds):
         cli.error(f"--seeds: each seed once, got {seeds}")

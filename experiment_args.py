@@ -305,7 +305,8 @@ def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str | No
     for word in words:
         if word.startswith("-") and len(word) > 1:
             name = word.split("=", 1)[0]
-            close = difflib.get_close_matches(name.replace("-", "_"), known, n=1, cutoff=0.75)
+            spelled = "--" + name.lstrip("-").replace("-", "_")  # --max-step: compared as --max_step
+            close = difflib.get_close_matches(spelled, known, n=1, cutoff=0.75)
             said.append(f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else ""))
             after_flag = "=" not in word
         elif not after_flag:

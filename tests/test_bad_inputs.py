@@ -326,6 +326,8 @@ def test_an_unknown_flag_is_named_with_the_closest_known_one(capsys):
     from experiment_args import parse_args
 
     for argv, said in ((["--max_step", "3"], "unknown flag --max_step (did you mean --max_steps?)"),
+                       (["--max-step", "3"], "unknown flag --max-step (did you mean --max_steps?)"),
+                       (["--sed", "3"], "unknown flag --sed (did you mean --seed?)"),
                        (["--per_device_eval_batchsize=4"],
                         "unknown flag --per_device_eval_batchsize (did you mean --per_device_eval_batch_size?)"),
                        (["--reflect-load-dri", "x"], "unknown flag --reflect-load-dri (did you mean --reflect_load_dir?)"),

@@ -453,6 +453,13 @@ def test_the_runner_refuses_what_it_cannot_run(capsys):
         assert stop.value.code == 2
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert said in error and error.startswith("demo.py: error: --"), error
+    # no abbreviations (--worker was --workers, and ran the demo), a typo named with the flag it was meant to be
+    for argv, said in ((["--task", "taxi_pickup", "--worker", "2"], "unknown flag --worker (did you mean --workers?)"),
+                       (["--sed", "3"], "unknown flag --sed (did you mean --seed?)"), (["3"], "'3' follows no flag")):
+        with pytest.raises(SystemExit) as stop:
+            demo.main(argv)
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert stop.value.code == 2 and error.startswith(f"demo.py: error: {said}"), error
     odd = dataclasses.replace(TAXI, budget=dict(TAXI.budget, rl_batch=6))
     with pytest.raises(ValueError, match="group size 4"):
         learners.compare(odd, ["grpo"])
