@@ -47,7 +47,8 @@ def run_step(folder: Path, episodes: int, latency: float, concurrency: int) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_concurrency", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_concurrency", description=__doc__.split("\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--episodes", type=int, default=96, help="Taxi pickup episodes per run.")
     parser.add_argument("--latency", type=float, default=0.5, help="Seconds the endpoint takes per request.")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64],

@@ -131,9 +131,9 @@ def play_iterations(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    own, argv = own_flags(argv, "python -m benchmarks.rl_iteration", __doc__, {
-        "--emulated_bf16": "run the rows about bf16 even where the CPU emulates it (no avx512_bf16 or amx_bf16): "
-                           "they then time the emulation, for hours"})
+    own, argv = own_flags(argv, "python -m benchmarks.rl_iteration", __doc__, {"--emulated_bf16": dict(
+        action="store_true", help="run the rows about bf16 even where the CPU emulates it (no avx512_bf16 or "
+                                  "amx_bf16): they then time the emulation, for hours")})
     out = own.out
     skip_bf16 = not (own.emulated_bf16 or cuda_available() or cpu_native_bf16())
     defaults = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=40",

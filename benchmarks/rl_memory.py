@@ -9,10 +9,11 @@ growth of the process's peak resident memory during the iteration (after the mod
 loaded). Printed as a table, with the size of the loaded models for reference.
 """
 
-import argparse
 import multiprocessing
 import resource
 import sys
+
+from benchmarks.rows import own_flags, refuse
 
 PROG = "python -m benchmarks.rl_memory"
 BATCHES = (1, 8, 32)
@@ -85,11 +86,12 @@ def _result(queue, worker, batch: int):
 def main(argv: list[str]) -> int:
     from experiment_args import parse_args
 
-    cli = argparse.ArgumentParser(prog=PROG, add_help=False)
-    cli.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    options, argv = cli.parse_known_args(argv)
+    options, argv = own_flags(argv, PROG, __doc__, {"--batches": dict(
+        type=int, nargs="+", default=list(BATCHES), metavar="N",
+        help=f"episodes in parallel of each row, one RL iteration each (default: {' '.join(map(str, BATCHES))})")},
+        out=False)
     if min(options.batches) < 1:
-        cli.error(f"--batches: each at least 1, got {options.batches}")
+        refuse(PROG, f"--batches: each at least 1, got {options.batches}")
     parse_args([*argv, "--env=taxi"], prog=PROG)  # the other flags checked here, not in each worker
     context = multiprocessing.get_context("spawn")
     rows = []

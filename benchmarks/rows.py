@@ -1,5 +1,6 @@
-"""What the benchmarks that add one option a row share (``rl_iteration``, ``sft_step``): the ``--out FILE.json``
-option, the steady-state mean of a row's timings, and the Markdown table they print."""
+"""What the benchmarks share: the flags of their own (``--out FILE.json`` of ``rl_iteration`` and ``sft_step``,
+``--batches`` of ``rl_memory`` ...) beside the shared ones, the steady-state mean of a row's timings, and the
+Markdown table they print."""
 
 import argparse
 import sys
@@ -11,10 +12,11 @@ import numpy as np
 from utils.io import write_json
 
 
-def own_flags(argv: list[str], prog: str, doc: str,
-              switches: dict[str, str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+def own_flags(argv: list[str], prog: str, doc: str, flags: dict[str, dict] | None = None,
+              out: bool = True) -> tuple[argparse.Namespace, list[str]]:
     """The benchmark's own flags taken from ``argv``, and the rest (the shared flags, for ``parse_args``):
-    ``--out FILE.json`` (or ``--out=FILE.json``) and each of ``switches`` (flag -> help), on or off.
+    ``--out FILE.json`` (or ``--out=FILE.json``; not with ``out=False``) and ``flags`` (flag -> the keywords of
+    ``add_argument``). No abbreviations: a shared flag's prefix is never taken for one of these.
 
     ``--out``'s folder is made now: a name that cannot be written (none given, a folder, a folder that cannot be
     made) ends the program with one line and status 2 before the benchmark runs, not after. With ``--help``,
@@ -22,9 +24,11 @@ def own_flags(argv: list[str], prog: str, doc: str,
     own = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False, description=doc,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     group = own.add_argument_group("this benchmark's own flags")
-    group.add_argument("--out", metavar="FILE.json", help="also write the rows, with every measurement, to this JSON file")
-    for flag, text in (switches or {}).items():
-        group.add_argument(flag, action="store_true", help=text)
+    if out:
+        group.add_argument("--out", metavar="FILE.json",
+                           help="also write the rows, with every measurement, to this JSON file")
+    for flag, keywords in (flags or {}).items():
+        group.add_argument(flag, **keywords)
     try:
         options, rest = own.parse_known_args(argv)
     except SystemExit:  # argparse has said what is wrong (--out without a name ...), in one line, status 2
@@ -32,18 +36,19 @@ def own_flags(argv: list[str], prog: str, doc: str,
     if "-h" in rest or "--help" in rest:
         own.print_help()
         print()
-    if options.out is not None:
+    if getattr(options, "out", None) is not None:
         out = options.out = Path(options.out)
         if not str(out) or out.is_dir():
-            _refuse(prog, f"--out: {out} is a folder; give a file name")
+            refuse(prog, f"--out: {out} is a folder; give a file name")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            _refuse(prog, f"--out: cannot make the folder of {out} ({error.strerror})")
+            refuse(prog, f"--out: cannot make the folder of {out} ({error.strerror})")
     return options, rest
 
 
-def _refuse(prog: str, message: str) -> NoReturn:
+def refuse(prog: str, message: str) -> NoReturn:
+    """End the program with ``message``, one line on stderr, status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

@@ -308,7 +308,7 @@ def test_a_benchmarks_out_file_is_checked_before_the_benchmark_runs(tmp_path, ca
 
 
 @pytest.mark.parametrize("module, own", [("benchmarks.rl_iteration", ["--out", "--emulated_bf16"]),
-                                         ("benchmarks.sft_step", ["--out"])])
+                                         ("benchmarks.sft_step", ["--out"]), ("benchmarks.rl_memory", ["--batches"])])
 def test_a_benchmarks_help_lists_its_own_flags_then_the_shared_ones(module, own):
     """``--help`` of a benchmark with flags of its own: what it measures (its docstring), its own flags, and the
     flags every script shares; nothing runs."""
@@ -317,7 +317,7 @@ def test_a_benchmarks_help_lists_its_own_flags_then_the_shared_ones(module, own)
     assert result.returncode == 0, result.stderr[-2000:]
     head, _, shared = result.stdout.partition("Reflect-RL: every script shares these flags.")
     assert "this benchmark's own flags" in head and all(flag in head for flag in own)
-    assert "Every row" in head and "--model_name" in shared
+    assert "python -m " + module in head and "--model_name" in shared
 
 
 def test_an_unknown_flag_is_named_with_the_closest_known_one(capsys):
