@@ -303,7 +303,7 @@ def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str | No
     known = [option for option in parser._option_string_actions if option.startswith("--")]
     said, after_flag = [], False
     for word in words:
-        if word.startswith("-") and len(word) > 1:
+        if word.startswith("-") and len(word) > 1 and not _is_number(word):
             name = word.split("=", 1)[0]
             spelled = "--" + name.lstrip("-").replace("-", "_")  # --max-step: compared as --max_step
             close = difflib.get_close_matches(spelled, known, n=1, cutoff=0.75)
@@ -314,6 +314,14 @@ def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str | No
         else:
             after_flag = False
     return "; ".join(said) + " (all flags: --help)" if said else None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def script_name(prog: str) -> str:

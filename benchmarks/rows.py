@@ -38,7 +38,7 @@ def own_flags(argv: list[str], prog: str, doc: str, flags: dict[str, dict] | Non
         print()
     if getattr(options, "out", None) is not None:
         out = options.out = Path(options.out)
-        if not str(out) or out.is_dir():
+        if out.is_dir():  # --out= is "." too
             refuse(prog, f"--out: {out} is a folder; give a file name")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -279,7 +279,7 @@ def test_a_plot_of_a_folder_that_holds_no_run_log_is_one_line(run, tmp_path):
     for entry, said in ((f"curve={empty}", f"--expdirs curve={empty}: {empty}: no metrics.jsonl in it"),
                         ("curve=", "--expdirs: 'curve=' names no run directory"),
                         (str(tmp_path / "gone"), f"--expdirs {tmp_path / 'gone'}: {tmp_path / 'gone'}: no such folder"),
-                        (str(garbled / "metrics.jsonl"), f"{garbled / 'metrics.jsonl'}: a file; give the run folder"),
+                        (str(garbled / "metrics.jsonl"), f"{garbled / 'metrics.jsonl'}: a file, not a folder (give the run folder"),
                         (str(garbled), f"{garbled / 'metrics.jsonl'}:2: not a JSON record")):
         code, line = run(plot.main, "python -m visualization.plot", f"--expdirs={entry}",
                          f"--output_file={tmp_path / 'curves.png'}")
@@ -331,7 +331,8 @@ def test_an_unknown_flag_is_named_with_the_closest_known_one(capsys):
                        (["--per_device_eval_batchsize=4"],
                         "unknown flag --per_device_eval_batchsize (did you mean --per_device_eval_batch_size?)"),
                        (["--reflect-load-dri", "x"], "unknown flag --reflect-load-dri (did you mean --reflect_load_dir?)"),
-                       (["--bogus", "1", "stray"], "unknown flag --bogus; 'stray' follows no flag that takes it")):
+                       (["--bogus", "1", "stray"], "unknown flag --bogus; 'stray' follows no flag that takes it"),
+                       (["--bogus", "-1"], "unknown flag --bogus")):  # a negative number is a value, not a flag
         with pytest.raises(SystemExit) as stop:
             parse_args(argv, prog="rl_finetune.py")
         err = capsys.readouterr().err.strip().splitlines()[-1]

@@ -57,9 +57,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     killed while writing: left out, with a warning (the run resumes from its checkpoint, which came before)."""
     path = Path(run_dir) / MetricLogger.FILE
     if not Path(run_dir).is_dir():
-        raise UsageError(f"{run_dir}: " + ("a file; give the run folder that holds it" if Path(run_dir).exists() else
-                                           "no such folder") + f" (a run folder of supervised_pretrain.py or "
-                         f"rl_finetune.py, with its {MetricLogger.FILE})")
+        what = "a file, not a folder" if Path(run_dir).exists() else "no such folder"
+        raise UsageError(f"{run_dir}: {what} (give the run folder of supervised_pretrain.py or rl_finetune.py that "
+                         f"holds {MetricLogger.FILE})")
     if not path.is_file():
         raise UsageError(f"{run_dir}: no {MetricLogger.FILE} in it (a run folder of supervised_pretrain.py or "
                          "rl_finetune.py has one)")
