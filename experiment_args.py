@@ -228,8 +228,8 @@ def _to_argv(values: dict, source: str) -> list[str]:
     known = {f.name for f in dataclasses.fields(ScriptArguments)}
     unknown = sorted(set(values) - known)
     if unknown:
-        close = {key: difflib.get_close_matches(str(key), known, n=1, cutoff=0.75) for key in unknown}
-        hints = "; ".join(f"{key!r}: did you mean {match[0]!r}?" for key, match in close.items() if match)
+        close = {key: _closest(str(key), known) for key in unknown}
+        hints = "; ".join(f"{key!r}: did you mean {match!r}?" for key, match in close.items() if match)
         raise ValueError(f"{source} has unknown keys {unknown}" + (f" ({hints})" if hints else ""))
     argv: list[str] = []
     for key, value in values.items():
@@ -282,10 +282,10 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
         try:
             words = _to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
                              f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit
-            unknown = unknown_words(parser, parser.parse_known_args(words)[1])
-            if unknown:
-                raise UsageError(unknown)
-            (args,) = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False)
+            args, remaining = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False,
+                                                                 return_remaining_strings=True)
+            if remaining:
+                raise UsageError(unknown_words(parser, remaining))
         finally:
             _SCRIPT.reset(parsing)
         if env is not None:
@@ -306,14 +306,19 @@ def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str | No
         if word.startswith("-") and len(word) > 1 and not _is_number(word):
             name = word.split("=", 1)[0]
             spelled = "--" + name.lstrip("-").replace("-", "_")  # --max-step: compared as --max_step
-            close = difflib.get_close_matches(spelled, known, n=1, cutoff=0.75)
-            said.append(f"unknown flag {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+            close = _closest(spelled, known)
+            said.append(f"unknown flag {name}" + (f" (did you mean {close}?)" if close else ""))
             after_flag = "=" not in word
         elif not after_flag:
             said.append(f"{word!r} follows no flag that takes it")
         else:
             after_flag = False
     return "; ".join(said) + " (all flags: --help)" if said else None
+
+
+def _closest(name: str, known) -> str | None:
+    """The known flag or setting name that ``name`` most likely misspells, if one is close enough."""
+    return next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None)
 
 
 def _is_number(word: str) -> bool:

@@ -36,14 +36,14 @@ def own_flags(argv: list[str], prog: str, doc: str, flags: dict[str, dict] | Non
     if "-h" in rest or "--help" in rest:
         own.print_help()
         print()
-    if getattr(options, "out", None) is not None:
-        out = options.out = Path(options.out)
-        if out.is_dir():  # --out= is "." too
-            refuse(prog, f"--out: {out} is a folder; give a file name")
+    if out and options.out is not None:
+        path = options.out = Path(options.out)
+        if path.is_dir():  # --out= is "." too
+            refuse(prog, f"--out: {path} is a folder; give a file name")
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            refuse(prog, f"--out: cannot make the folder of {out} ({error.strerror})")
+            refuse(prog, f"--out: cannot make the folder of {path} ({error.strerror})")
     return options, rest
 
 
