@@ -1,9 +1,9 @@
 """Single-prompt action enumeration vs SayCan-style scoring of every action's text.
 
-    python -m benchmarks.enumeration [--model_name tiny-gpt2] [--runs 7]
+    python -m benchmarks.enumeration [--model_name tiny-gpt2] [--runs 7] [--actions 6 20 50 100]
 
-For AutoExplore states with |A| in {6, 20, 50, 100} listed actions (real observations
-of a generated repository), one decision costs:
+For AutoExplore states with |A| in {6, 20, 50, 100} (``--actions``) listed actions (real
+observations of a generated repository), one decision costs:
 
 * enumeration (the paper): one forward pass over state + numbered list, read the label logits;
 * SayCan, uncached: one forward pass over state + action for every action;
@@ -21,13 +21,15 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.rows import own_flags, refuse
 from benchmarks.saycan import SayCanScorer
 from envs import make_env
-from experiment_args import run_script
+from experiment_args import one_line_usage_errors, parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
 from rollout import PolicyScorer
 from utils import models
 
+PROG = "python -m benchmarks.enumeration"
 SIZES = (6, 20, 50, 100)
 
 
@@ -54,13 +56,13 @@ def timed(work, runs: int) -> float:
 
 
 @torch.no_grad()  # a scoped switch: the caller's grad mode comes back on return
-def main(args) -> int:
+def main(args, sizes: tuple[int, ...] = SIZES) -> int:
     runs = args.runs if args.runs > 1 else 7  # --runs defaults to 1: too few for a median
     model, tokenizer = models.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
     enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for size in SIZES:
+        for size in sizes:
             obs, info, env = observation(size, Path(scratch), enumeration.labels)
             prompt = policy_prompt(obs, env.action_head)
             valid = [enumeration.label_index[label] for label in info["labels"]]
@@ -89,5 +91,15 @@ def main(args) -> int:
     return 0
 
 
+def command_line(argv: list[str]) -> int:
+    options, argv = own_flags(argv, PROG, __doc__, {"--actions": dict(
+        type=int, nargs="+", default=list(SIZES), metavar="N",
+        help=f"the listed actions of each row's state, each even: a file is read (cat) or named (id) "
+             f"(default: {' '.join(map(str, SIZES))})")}, out=False)
+    if any(size < 2 or size % 2 for size in options.actions):
+        refuse(PROG, f"--actions: each an even number of at least 2, got {options.actions}")
+    return main(parse_args(["--model_name=tiny-gpt2", *argv], prog=PROG), tuple(options.actions))
+
+
 if __name__ == "__main__":
-    sys.exit(run_script(main, "python -m benchmarks.enumeration", defaults=("--model_name=tiny-gpt2",)))
+    sys.exit(one_line_usage_errors(PROG, command_line, sys.argv[1:]))

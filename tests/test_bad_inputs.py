@@ -269,6 +269,16 @@ def test_the_memory_benchmark_refuses_an_empty_batch(capsys):
     assert stop.value.code == 2 and "--batches: each at least 1, got [8, 0]" in capsys.readouterr().err
 
 
+def test_the_enumeration_benchmark_refuses_a_list_it_cannot_build(capsys):
+    """Each row's state lists a cat and an id command per file, so an odd number of actions cannot be made."""
+    from benchmarks import enumeration
+
+    for sizes in (["6", "7"], ["0"]):
+        with pytest.raises(SystemExit) as stop:
+            enumeration.command_line(["--actions", *sizes])
+        assert stop.value.code == 2 and "--actions: each an even number of at least 2" in capsys.readouterr().err
+
+
 def test_a_plot_of_a_folder_that_holds_no_run_log_is_one_line(run, tmp_path):
     from visualization import plot
 
@@ -308,7 +318,8 @@ def test_a_benchmarks_out_file_is_checked_before_the_benchmark_runs(tmp_path, ca
 
 
 @pytest.mark.parametrize("module, own", [("benchmarks.rl_iteration", ["--out", "--emulated_bf16"]),
-                                         ("benchmarks.sft_step", ["--out"]), ("benchmarks.rl_memory", ["--batches"])])
+                                         ("benchmarks.sft_step", ["--out"]), ("benchmarks.rl_memory", ["--batches"]),
+                                         ("benchmarks.enumeration", ["--actions"])])
 def test_a_benchmarks_help_lists_its_own_flags_then_the_shared_ones(module, own):
     """``--help`` of a benchmark with flags of its own: what it measures (its docstring), its own flags, and the
     flags every script shares; nothing runs."""

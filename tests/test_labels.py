@@ -169,13 +169,11 @@ def test_pipeline_with_a_digit_splitting_model(digit_model, make_args, tmp_path)
 
 
 @pytest.mark.slow
-def test_enumeration_benchmark_on_a_model_with_its_own_alphabet(digit_model, capsys, monkeypatch):
-    """Two list sizes, two decisions each (--runs=1 means the default 7): the README's command runs them all."""
+def test_enumeration_benchmark_on_a_model_with_its_own_alphabet(digit_model, capsys):
+    """Two list sizes, two decisions each (--runs=1 means the default 7)."""
     from benchmarks import enumeration
-    from experiment_args import parse_args
 
-    monkeypatch.setattr(enumeration, "SIZES", (6, 20))
-    assert enumeration.main(parse_args([f"--model_name={digit_model}", "--runs=2"])) == 0
+    assert enumeration.command_line([f"--model_name={digit_model}", "--runs=2", "--actions", "6", "20"]) == 0
     assert torch.is_grad_enabled()  # the benchmark leaves the caller's grad mode as it was
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [int(row.split("|")[1]) for row in rows] == [6, 20]

@@ -139,20 +139,23 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
     reflector, reflect_tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["reflector"]))
     policy.eval()
 
-    def play(**switches):
+    def play(rounds=1, **switches):
         rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                                    reflect_max_new_tokens=8, top_k=1, max_seq_length=512, **switches)
         envs = [make_env("taxi", horizon=3, labels=rollout.labels) for _ in range(4)]
         rng, episodes = np.random.default_rng(0), []
-        for _ in range(2):  # the second round starts as the first: the memo answers its prompts
+        for _ in range(rounds):
             starts = [EpisodeStart(seed=i % 2, options={"curriculum": "pickup"}) for i in range(4)]
             episodes += [e.to_dict() for e in rollout.run(envs, starts, rng)]
         return rollout, json.loads(json.dumps(episodes))
 
     off = dict(reflection_memo=False, prefix_cache=False, static_cache=False)
-    _, reference = play(**off)
-    memo, remembered = play(**{**off, "reflection_memo": True})
-    assert remembered == reference and memo.stats.reflection_hits > 0
+    # the second round starts as the first: the memo answers its prompts. The other switches keep nothing from
+    # one round to the next, so their first round is compared with the reference's (4 episodes)
+    _, both_rounds = play(rounds=2, **off)
+    memo, remembered = play(rounds=2, **{**off, "reflection_memo": True})
+    assert remembered == both_rounds and memo.stats.reflection_hits > 0
+    reference = both_rounds[:4]
     assert play(**{**off, "static_cache": True})[1] == reference
     shared, prefixed = play(**{**off, "prefix_cache": True})
     assert shared.reflect_prefix.saved_tokens > 0 and shared.policy_prefix.saved_tokens > 0

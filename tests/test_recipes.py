@@ -68,7 +68,7 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     small = dataclasses.replace(small, evaluations={**small.evaluations, "generalisation": auto_explore.evaluation_on(
         "holdout.json", "--eval_reps=1", "--eval_level_episodes=0")},
         # prompts of 384 tokens at most (the median is 520): reading them was most of this test's time
-        model=(*small.model, "--max_seq_length=384"))
+        model=(*small.model, "--max_seq_length=256"))
     monkeypatch.setitem(RECIPES, recipe.name, small)
     assert demo.main(["--task", "auto_explore", f"--ckpt_path={tmp_path}", "--seed", "3", *ONE_PROCESS]) == 0
     root = tmp_path / "demo" / "auto_explore"
