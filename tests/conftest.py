@@ -1,5 +1,6 @@
 """Shared fixtures: offline, seeded, the tiny model, temporary run directories."""
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -58,6 +59,25 @@ def tiny_tokenizer(tiny_path):
     from utils import models
 
     return models.load_tokenizer("tiny-gpt2")
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder ``name`` that ``build(folder)`` fills, built once per test session however pytest-xdist spreads
+    the tests that need it over its workers: the first to ask builds it, under a lock, in the folder the workers'
+    temporary folders share; the others wait for it and read it. A build that fails is tried again by the next
+    test that asks. Tests read the folder and write elsewhere."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
 
 
 def copy_repository(destination: Path) -> Path:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
-from tests.conftest import record_reads_and_gradients, same_gradients
+from tests.conftest import built_once, record_reads_and_gradients, same_gradients
 from utils import checkpoints, metrics, models, paths
 
 pytestmark = pytest.mark.slow
@@ -32,18 +32,16 @@ def tokenizer():
     return models.load_tokenizer(MODEL)
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    """Taxi data for SmolLM2's labels, then SFT of the policy and of the reflector."""
+def _build_chain(root: Path) -> None:
+    """Taxi data for SmolLM2's labels, then SFT of the policy and of the reflector, under ``root``."""
     import supervised_pretrain
     from data_gen.taxi import gen_sft, reflection
     from experiment_args import ScriptArguments
 
-    root = tmp_path_factory.mktemp("smollm2")
-    data, results = root / "data", root / "results"
+    data = root / "data"
 
     def args(**values):
-        return ScriptArguments(**{"ckpt_path": str(results), **values})
+        return ScriptArguments(ckpt_path=str(root / "results"), **values)
 
     assert reflection.main(args(env="taxi", api="oracle", num_episodes=3, output_dir=str(data), model_name=MODEL,
                                 taxi_curriculum=True, curriculum_index=0)) == 0
@@ -53,8 +51,22 @@ def chain(tmp_path_factory):
     assert supervised_pretrain.main(args(task_file=str(data / "sft_policy.jsonl"), **sft)) == 0
     assert supervised_pretrain.main(args(task_file=str(data / "sft_reflection.jsonl"), **{**sft, "max_steps": 2,
                                                                                           "save_steps": 2})) == 0
-    policy_run, reflect_run = sorted(results.glob("*_supervised_pretrain"))
-    return {"data": data, "results": results, "args": args, "policy_run": policy_run,
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The trained players (built once per session, whichever workers run this module's tests) and, per worker,
+    a results folder for the runs of the tests."""
+    from experiment_args import ScriptArguments
+
+    root = built_once(tmp_path_factory, "smollm2-chain", _build_chain)
+    results = tmp_path_factory.mktemp("smollm2-runs")
+
+    def args(**values):
+        return ScriptArguments(**{"ckpt_path": str(results), **values})
+
+    policy_run, reflect_run = sorted((root / "results").glob("*_supervised_pretrain"))
+    return {"data": root / "data", "results": results, "args": args, "policy_run": policy_run,
             "policy": policy_run / "checkpoint-6", "reflector": reflect_run / "checkpoint-2"}
 
 
