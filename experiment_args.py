@@ -42,10 +42,10 @@ from utils.arg_groups import (
     need,
 )
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
-from utils.checkpoints import SETTINGS_FILE, TRAINER_STATE_FILE
 from utils.errors import UsageError
 from utils.io import read_input
 from utils.parity import PRESETS
+from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -4,26 +4,63 @@
 ``LEARNERS[name](LearnerSettings.from_args(args), scorer, accelerator)``. To add a learner, write a
 ``Learner`` subclass in a new file here and add one line to ``LEARNERS`` (and its flags to
 ``LearnerSettings``).
+
+Nothing here is imported until it is used (PEP 562): the flags check ``--trainer`` against ``LEARNERS``'s names,
+and a command that trains nothing (``envs.play``, an API model's evaluation, a plot) then starts without torch.
 """
 
-from rl_algorithms.base import Learner, LearnerSettings, Play, UpdateResult, flat_decisions
-from rl_algorithms.gigpo import GiGPO
-from rl_algorithms.grpo import GRPO
-from rl_algorithms.losses import ValueHead, cost_to_go, pg_loss, ppo_loss, refuel_loss, value_loss
-from rl_algorithms.pg import PolicyGradient, ReplayBuffer
-from rl_algorithms.ppo import PPO
-from rl_algorithms.refuel import Refuel, refuel_pairs
-from rl_algorithms.rloo import RLOO
+import importlib
+from collections.abc import Iterator, MutableMapping
 
-LEARNERS: dict[str, type[Learner]] = {
-    "pg": PolicyGradient,  # REINFORCE with replay (the paper)
-    "ppo": PPO,
-    "refuel": Refuel,
-    "rloo": RLOO,  # the group learners: --group_size 2 or more
-    "grpo": GRPO,
-    "gigpo": GiGPO,
-}
 
-__all__ = ["GRPO", "LEARNERS", "PPO", "RLOO", "GiGPO", "Learner", "LearnerSettings", "Play", "PolicyGradient", "Refuel",
-           "ReplayBuffer", "UpdateResult", "ValueHead", "cost_to_go", "flat_decisions", "pg_loss", "ppo_loss",
-           "refuel_loss", "refuel_pairs", "value_loss"]
+class _Registry(MutableMapping):
+    """Learner name -> class, a class named by its place ("module:Class") imported the first time it is asked
+    for. A class can be set directly too (``LEARNERS["mine"] = MyLearner``)."""
+
+    def __init__(self, places: dict[str, str]):
+        self._entries: dict[str, str | type] = dict(places)
+
+    def __getitem__(self, name: str) -> type:
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            module, _, cls = entry.partition(":")
+            entry = self._entries[name] = getattr(importlib.import_module(module), cls)
+        return entry
+
+    def __setitem__(self, name: str, learner: type) -> None:
+        self._entries[name] = learner
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __contains__(self, name: object) -> bool:  # the name alone (Mapping's own would import the class)
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+LEARNERS: MutableMapping[str, type] = _Registry({
+    "pg": "rl_algorithms.pg:PolicyGradient",  # REINFORCE with replay (the paper)
+    "ppo": "rl_algorithms.ppo:PPO",
+    "refuel": "rl_algorithms.refuel:Refuel",
+    "rloo": "rl_algorithms.rloo:RLOO",  # the group learners: --group_size 2 or more
+    "grpo": "rl_algorithms.grpo:GRPO",
+    "gigpo": "rl_algorithms.gigpo:GiGPO",
+})
+
+_MODULES = {"base": ("Learner", "LearnerSettings", "Play", "UpdateResult", "flat_decisions"), "gigpo": ("GiGPO",),
+            "grpo": ("GRPO",), "pg": ("PolicyGradient", "ReplayBuffer"), "ppo": ("PPO",), "rloo": ("RLOO",),
+            "refuel": ("Refuel", "refuel_pairs"),
+            "losses": ("ValueHead", "cost_to_go", "pg_loss", "ppo_loss", "refuel_loss", "value_loss")}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = ["LEARNERS", *sorted(_HOME)]
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'rl_algorithms' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rl_algorithms.{_HOME[name]}"), name)

@@ -230,3 +230,41 @@ def test_no_script_changes_a_setting_after_parsing():
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if assignment.search(line)]
     assert offenders == []
+
+
+def test_a_command_that_trains_nothing_starts_without_torch():
+    """Parsing the flags needs the learners' names, not the learners: ``envs.play`` and the data generators
+    that play with an oracle or an API model start without importing torch (2.5 s of a 4 s start here)."""
+    code = ("import sys\n"
+            "import envs.play, data_gen.taxi.reflection, data_gen.auto_explore.gen_task\n"
+            "from experiment_args import parse_args\n"
+            "parse_args(['--trainer=grpo', '--group_size=2'], prog='rl_finetune.py')\n"
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["False"], result.stderr[-2000:]
+
+    from rl_algorithms import LEARNERS, Learner
+
+    assert all(issubclass(LEARNERS[name], Learner) for name in LEARNERS) and len(LEARNERS) == 6
+
+
+def test_a_torch_built_for_the_cpu_alone_is_known_without_importing_it(tmp_path, monkeypatch):
+    """``cuda_available`` reads torch's ``version.py`` first: a CPU build needs no import to say "no CUDA"; a CUDA
+    or ROCm build, or a file that cannot be read, is asked (torch imported)."""
+    import importlib.util
+
+    import torch
+
+    from utils import arg_groups
+
+    assert arg_groups._torch_build_has_gpu() is bool(torch.version.cuda or torch.version.hip)  # the installed one
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    spec = importlib.util.spec_from_file_location("torch", fake / "__init__.py", submodule_search_locations=[str(fake)])
+    monkeypatch.setattr(arg_groups.importlib.util, "find_spec", lambda name: spec)
+    for text, gpu in (("cuda = None\nhip = None\n", False), ("cuda = '12.4'\nhip = None\n", True),
+                      ("cuda = None\nhip = '6.2.41133'\n", True), ("cuda = (\n", True)):
+        (fake / "version.py").write_text(text)
+        assert arg_groups._torch_build_has_gpu() is gpu, text
+    (fake / "version.py").unlink()
+    assert arg_groups._torch_build_has_gpu() is True

@@ -7,7 +7,10 @@ it needs to have any effect (:class:`Applies`; :func:`applicability` gathers the
 table of the "does not apply" warning); each group's ``TITLE`` is its ``--help`` section.
 """
 
+import importlib.util
 import logging
+import runpy
+import sys
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field
 from pathlib import Path
@@ -38,9 +41,27 @@ class Applies:
 
 
 def cuda_available() -> bool:
+    """Whether torch sees a CUDA (or ROCm) device. A build of torch for the CPU alone sees none, and says so in
+    its ``torch/version.py`` (no CUDA nor HIP version), which is read without importing torch (2.5 s): a command
+    that trains nothing (``envs.play``, an oracle's data) then starts without it."""
+    if "torch" not in sys.modules and not _torch_build_has_gpu():
+        return False
     import torch
 
     return torch.cuda.is_available()
+
+
+def _torch_build_has_gpu() -> bool:
+    """Whether the installed torch was built for CUDA or ROCm, from its ``version.py`` (plain assignments). When
+    that file cannot be read, True: torch itself is then asked."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return True
+    try:
+        build = runpy.run_path(str(Path(spec.submodule_search_locations[0]) / "version.py"))
+    except (OSError, SyntaxError, ImportError):
+        return True
+    return bool(build.get("cuda") or build.get("hip"))
 
 
 def _never(args) -> bool:

@@ -29,12 +29,11 @@ from prompts import ANALYZE_MARKER, check_label_file, completion_start, label_al
 from utils.errors import UsageError
 from utils.io import write_text_atomic
 from utils.models import full_head, policy_labels
+from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE  # noqa: F401 (checkpoints.SETTINGS_FILE ...)
 from utils.seeding import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 
-SETTINGS_FILE = "setting.yml"
-TRAINER_STATE_FILE = "trainer_state.pt"
 ROLE_FILE = "role.json"
 
 

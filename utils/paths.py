@@ -8,6 +8,10 @@ DATA_DIR = REPO_ROOT / "data"
 RESULTS_DIR = REPO_ROOT / "results"  # run directories <id>_<script>/ (the default --ckpt_path)  # generated data (git-ignored); schemas in data/README.md
 # Resolved like REPO_ROOT: a shared/ that is a symbolic link names its games by their real paths.
 SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()  # large inputs kept beside the checkout (ALFWorld games)
+# In a run directory and each of its checkpoints (utils/checkpoints.py): the settings the run was started with,
+# and an RL run's trainer state (optimiser, RNG states, step, the learner's own state)
+SETTINGS_FILE = "setting.yml"
+TRAINER_STATE_FILE = "trainer_state.pt"
 
 
 def cache_root() -> Path:
