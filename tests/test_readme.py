@@ -46,7 +46,7 @@ OVERRIDES = {
     # its rows at 50 and 100 actions were three quarters of its time (SayCan reads every action's text)
     "benchmarks.enumeration": ["--runs=2", "--actions", "6", "20"],
     "benchmarks.rollout_throughput": ["--reflect_max_new_tokens=4"],
-    "benchmarks.rl_memory": ["--reflect_max_new_tokens=4", "--batches", "1", "8"],
+    "benchmarks.rl_memory": ["--reflect_max_new_tokens=4", "--batches", "1", "2"],
     "benchmarks.rl_iteration": ["--max_steps=2", "--per_device_eval_batch_size=2", "--reflect_max_new_tokens=4"],
     "benchmarks.sft_step": ["--max_steps=2", "--per_device_train_batch_size=2"],
     "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
