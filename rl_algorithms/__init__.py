@@ -5,8 +5,8 @@
 ``Learner`` subclass in a new file here and add one line to ``LEARNERS`` (and its flags to
 ``LearnerSettings``).
 
-Nothing here is imported until it is used (PEP 562): the flags check ``--trainer`` against ``LEARNERS``'s names,
-and a command that trains nothing (``envs.play``, an API model's evaluation, a plot) then starts without torch.
+Nothing here is imported until it is used (PEP 562): the flags check ``--trainer`` against ``LEARNERS``'s names
+only, so a command that trains nothing (``envs.play``, the data generators) starts without torch.
 """
 
 import importlib
