@@ -51,6 +51,8 @@ OVERRIDES = {
     "benchmarks.sft_step": ["--max_steps=2", "--per_device_train_batch_size=2"],
     "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
 }
+# On SmolLM2, after the above (the later flag wins): one RL iteration, whose checkpoint the evaluation reads
+ON_SMOLLM2 = {"rl_finetune.py": ["--max_steps=1"]}
 USES_API = ("evaluation.evaluate_gpt", "evaluation.auto_explore_gpt")
 
 
@@ -235,6 +237,7 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, smollm2):
                 argv = [sys.executable, *words[1:]]
                 target = _target(words[1:])
             argv += [flag for flag in OVERRIDES.get(target, []) if not (real_model and flag in TINY)]
+            argv += ON_SMOLLM2.get(target, []) if real_model else []
             if target in USES_API or "--api=local" in words:
                 argv += ["--api=local", f"--base_url={server.url}"]
             if words[0] == "python" and not target.startswith(("benchmarks.", "envs.play")):
