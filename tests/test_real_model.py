@@ -235,7 +235,7 @@ def test_the_demo_runs_its_pretrained_recipe_on_smollm2(tmp_path, monkeypatch, c
             sft_flags=("--per_device_train_batch_size=2", "--logging_steps=1", "--max_seq_length=512"),
             extra=dict(recipe.extra, data_episodes=6),
             budget=dict(recipe.budget, rl_batch=2, rl_replay=0, rl_train_batch=4, eval_episodes=2, eval_batch=2,
-                        panel_every=1, panel_episodes=2, accuracy_episodes=1))
+                        panel_every=2, panel_episodes=2, accuracy_episodes=1))  # one panel a run: iteration 0
 
     monkeypatch.setattr(taxi_pickup, "on_pretrained", tiny)
     assert demo.main(["--model_name", MODEL, f"--ckpt_path={tmp_path}", "--workers", "1"]) == 0
