@@ -43,24 +43,26 @@ class _Registry(MutableMapping):
         return len(self._entries)
 
 
-LEARNERS: MutableMapping[str, type] = _Registry({
+_PLACES = {
     "pg": "rl_algorithms.pg:PolicyGradient",  # REINFORCE with replay (the paper)
     "ppo": "rl_algorithms.ppo:PPO",
     "refuel": "rl_algorithms.refuel:Refuel",
     "rloo": "rl_algorithms.rloo:RLOO",  # the group learners: --group_size 2 or more
     "grpo": "rl_algorithms.grpo:GRPO",
     "gigpo": "rl_algorithms.gigpo:GiGPO",
-})
+}
+LEARNERS: MutableMapping[str, type] = _Registry(_PLACES)
 
-_MODULES = {"base": ("Learner", "LearnerSettings", "Play", "UpdateResult", "flat_decisions"), "gigpo": ("GiGPO",),
-            "grpo": ("GRPO",), "pg": ("PolicyGradient", "ReplayBuffer"), "ppo": ("PPO",), "rloo": ("RLOO",),
-            "refuel": ("Refuel", "refuel_pairs"),
-            "losses": ("ValueHead", "cost_to_go", "pg_loss", "ppo_loss", "refuel_loss", "value_loss")}
-_HOME = {name: module for module, names in _MODULES.items() for name in names}
+# The package's names, each imported from its module on first use: the learners above, and these
+_OTHERS = {"base": ("Learner", "LearnerSettings", "Play", "UpdateResult", "flat_decisions"),
+           "pg": ("ReplayBuffer",), "refuel": ("refuel_pairs",),
+           "losses": ("ValueHead", "cost_to_go", "pg_loss", "ppo_loss", "refuel_loss", "value_loss")}
+_HOME = {**{cls: module for module, _, cls in (place.partition(":") for place in _PLACES.values())},
+         **{name: f"rl_algorithms.{module}" for module, names in _OTHERS.items() for name in names}}
 __all__ = ["LEARNERS", *sorted(_HOME)]
 
 
 def __getattr__(name: str):
     if name not in _HOME:
         raise AttributeError(f"module 'rl_algorithms' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"rl_algorithms.{_HOME[name]}"), name)
+    return getattr(importlib.import_module(_HOME[name]), name)

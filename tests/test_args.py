@@ -243,9 +243,11 @@ def test_a_command_that_trains_nothing_starts_without_torch():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.split() == ["False"], result.stderr[-2000:]
 
+    import rl_algorithms
     from rl_algorithms import LEARNERS, Learner
 
     assert all(issubclass(LEARNERS[name], Learner) for name in LEARNERS) and len(LEARNERS) == 6
+    assert all(getattr(rl_algorithms, name) is not None for name in rl_algorithms.__all__)  # each found where it lives
 
 
 def test_a_torch_built_for_the_cpu_alone_is_known_without_importing_it(tmp_path, monkeypatch):

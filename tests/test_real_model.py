@@ -32,17 +32,22 @@ def tokenizer():
     return models.load_tokenizer(MODEL)
 
 
+def _settings(results: Path):
+    """``ScriptArguments`` of the given values, with runs written under ``results``."""
+    from experiment_args import ScriptArguments
+
+    def args(**values):
+        return ScriptArguments(**{"ckpt_path": str(results), **values})
+
+    return args
+
+
 def _build_chain(root: Path) -> None:
     """Taxi data for SmolLM2's labels, then SFT of the policy and of the reflector, under ``root``."""
     import supervised_pretrain
     from data_gen.taxi import gen_sft, reflection
-    from experiment_args import ScriptArguments
 
-    data = root / "data"
-
-    def args(**values):
-        return ScriptArguments(ckpt_path=str(root / "results"), **values)
-
+    data, args = root / "data", _settings(root / "results")
     assert reflection.main(args(env="taxi", api="oracle", num_episodes=3, output_dir=str(data), model_name=MODEL,
                                 taxi_curriculum=True, curriculum_index=0)) == 0
     assert gen_sft.main(args(env="taxi", model_name=MODEL, task_file=str(data / "data_reflection.json"))) == 0
@@ -57,16 +62,10 @@ def _build_chain(root: Path) -> None:
 def chain(tmp_path_factory):
     """The trained players (built once per session, whichever workers run this module's tests) and, per worker,
     a results folder for the runs of the tests."""
-    from experiment_args import ScriptArguments
-
     root = built_once(tmp_path_factory, "smollm2-chain", _build_chain)
     results = tmp_path_factory.mktemp("smollm2-runs")
-
-    def args(**values):
-        return ScriptArguments(**{"ckpt_path": str(results), **values})
-
     policy_run, reflect_run = sorted((root / "results").glob("*_supervised_pretrain"))
-    return {"data": root / "data", "results": results, "args": args, "policy_run": policy_run,
+    return {"data": root / "data", "results": results, "args": _settings(results), "policy_run": policy_run,
             "policy": policy_run / "checkpoint-6", "reflector": reflect_run / "checkpoint-2"}
 
 
