@@ -1,6 +1,7 @@
 """ScriptArguments: defaults, YAML vs CLI precedence, validation, the CPU fallback."""
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -234,14 +235,19 @@ def test_no_script_changes_a_setting_after_parsing():
 
 def test_a_command_that_trains_nothing_starts_without_torch():
     """Parsing the flags needs the learners' names, not the learners: ``envs.play`` and the data generators
-    that play with an oracle or an API model start without importing torch (2.5 s of a 4 s start here)."""
+    that play with an oracle or an API model start without importing torch (2.5 s of a 4 s start here) where
+    no GPU is seen: with a CPU build of torch, or a CUDA build whose driver shows no device (here the GPU of a
+    GPU machine is hidden). On a ROCm build torch is asked."""
+    import torch
+
     code = ("import sys\n"
             "import envs.play, data_gen.taxi.reflection, data_gen.auto_explore.gen_task\n"
             "from experiment_args import parse_args\n"
             "parse_args(['--trainer=grpo', '--group_size=2'], prog='rl_finetune.py')\n"
             "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.split() == ["False"], result.stderr[-2000:]
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0 and result.stdout.split() == [str(bool(torch.version.hip))], result.stderr[-2000:]
 
     import rl_algorithms
     from rl_algorithms import LEARNERS, Learner
@@ -250,23 +256,54 @@ def test_a_command_that_trains_nothing_starts_without_torch():
     assert all(getattr(rl_algorithms, name) is not None for name in rl_algorithms.__all__)  # each found where it lives
 
 
-def test_a_torch_built_for_the_cpu_alone_is_known_without_importing_it(tmp_path, monkeypatch):
-    """``cuda_available`` reads torch's ``version.py`` first: a CPU build needs no import to say "no CUDA"; a CUDA
-    or ROCm build, or a file that cannot be read, is asked (torch imported)."""
+def test_no_gpu_is_known_without_importing_torch_when_its_build_or_driver_says_so(tmp_path, monkeypatch):
+    """``cuda_available`` answers "no" without importing torch when torch's ``version.py`` names no CUDA nor HIP
+    version, or names CUDA and the driver shows no device; torch is asked for a ROCm build, a device the driver
+    shows, or a file that cannot be read."""
     import importlib.util
 
     import torch
 
     from utils import arg_groups
 
-    assert arg_groups._torch_build_has_gpu() is bool(torch.version.cuda or torch.version.hip)  # the installed one
+    assert not (arg_groups._no_gpu_without_torch() and torch.cuda.is_available())  # the installed torch, here
     fake = tmp_path / "torch"
     fake.mkdir()
     spec = importlib.util.spec_from_file_location("torch", fake / "__init__.py", submodule_search_locations=[str(fake)])
     monkeypatch.setattr(arg_groups.importlib.util, "find_spec", lambda name: spec)
-    for text, gpu in (("cuda = None\nhip = None\n", False), ("cuda = '12.4'\nhip = None\n", True),
-                      ("cuda = None\nhip = '6.2.41133'\n", True), ("cuda = (\n", True)):
+    for text, devices, known in (("cuda = None\nhip = None\n", 1, True), ("cuda = '12.4'\nhip = None\n", 0, True),
+                                 ("cuda = '12.4'\nhip = None\n", 1, False), ("cuda = None\nhip = '6.2.41133'\n", 0, False),
+                                 ("cuda = (\n", 0, False)):
+        monkeypatch.setattr(arg_groups, "_cuda_driver_devices", lambda devices=devices: devices)
         (fake / "version.py").write_text(text)
-        assert arg_groups._torch_build_has_gpu() is gpu, text
+        assert arg_groups._no_gpu_without_torch() is known, (text, devices)
     (fake / "version.py").unlink()
-    assert arg_groups._torch_build_has_gpu() is True
+    assert arg_groups._no_gpu_without_torch() is False
+
+
+def test_the_cuda_driver_is_asked_for_its_devices_and_a_missing_one_shows_none(monkeypatch):
+    """``_cuda_driver_devices`` loads the driver's library through ctypes: missing, failing to start, or failing
+    to count, it shows no device; else its count (which honours ``CUDA_VISIBLE_DEVICES``, as torch's does)."""
+    import ctypes
+
+    from utils import arg_groups
+
+    class Driver:
+        def __init__(self, init=0, status=0, count=2):
+            self.init, self.status, self.count = init, status, count
+
+        def cuInit(self, flags):
+            return self.init
+
+        def cuDeviceGetCount(self, pointer):
+            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int)).contents.value = self.count
+            return self.status
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(arg_groups.ctypes, "CDLL", missing)
+    assert arg_groups._cuda_driver_devices() == 0
+    for driver, devices in ((Driver(), 2), (Driver(init=100), 0), (Driver(status=3), 0), (Driver(count=0), 0)):
+        monkeypatch.setattr(arg_groups.ctypes, "CDLL", lambda name, driver=driver: driver)
+        assert arg_groups._cuda_driver_devices() == devices

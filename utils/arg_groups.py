@@ -7,6 +7,7 @@ it needs to have any effect (:class:`Applies`; :func:`applicability` gathers the
 table of the "does not apply" warning); each group's ``TITLE`` is its ``--help`` section.
 """
 
+import ctypes
 import importlib.util
 import logging
 import runpy
@@ -41,27 +42,43 @@ class Applies:
 
 
 def cuda_available() -> bool:
-    """Whether torch sees a CUDA (or ROCm) device. A build of torch for the CPU alone sees none, and says so in
-    its ``torch/version.py`` (no CUDA nor HIP version), which is read without importing torch (2.5 s): a command
-    that trains nothing (``envs.play``, an oracle's data) then starts without it."""
-    if "torch" not in sys.modules and not _torch_build_has_gpu():
+    """Whether torch sees a CUDA (or ROCm) device. Importing torch to ask takes 2.5 s, so a command that trains
+    nothing (``envs.play``, an oracle's data) first asks what answers without it: a build of torch for the CPU
+    alone, or a CUDA build on a machine whose driver shows no device, sees none."""
+    if "torch" not in sys.modules and _no_gpu_without_torch():
         return False
     import torch
 
     return torch.cuda.is_available()
 
 
-def _torch_build_has_gpu() -> bool:
-    """Whether the installed torch was built for CUDA or ROCm, from its ``version.py`` (plain assignments). When
-    that file cannot be read, True: torch itself is then asked."""
+def _no_gpu_without_torch() -> bool:
+    """True when no GPU can be seen, known without importing torch: the installed torch's ``version.py`` (plain
+    assignments) names no CUDA nor HIP version, or it names CUDA and the driver (``libcuda``, honouring
+    ``CUDA_VISIBLE_DEVICES`` as torch does) cannot be loaded or shows no device. False: torch must be asked
+    (a ROCm build, a device the driver shows, or a ``version.py`` that cannot be read)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        return True
+        return False
     try:
         build = runpy.run_path(str(Path(spec.submodule_search_locations[0]) / "version.py"))
     except (OSError, SyntaxError, ImportError):
-        return True
-    return bool(build.get("cuda") or build.get("hip"))
+        return False
+    if build.get("hip"):
+        return False
+    return not build.get("cuda") or _cuda_driver_devices() == 0
+
+
+def _cuda_driver_devices() -> int:
+    """How many devices the CUDA driver shows this process (0 when its library is missing or fails to start)."""
+    try:
+        driver = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
 
 
 def _never(args) -> bool:
