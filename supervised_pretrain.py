@@ -232,9 +232,9 @@ def completion_logits(args, model) -> bool:
 
 
 def main(args) -> int:
+    texts = read_texts(args.task_file)  # bad data is said before a model loads (minutes for GPT-2 XL in 8 bits)
     seeding.set_seed(args.seed)
     model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
-    texts = read_texts(args.task_file)
     dataset = build_dataset(args, tokenizer, texts)
     run_dir = checkpoints.make_run_dir(args, SCRIPT)
     print(f"[supervised_pretrain] output directory: {run_dir}", flush=True)

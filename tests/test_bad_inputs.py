@@ -57,6 +57,16 @@ def no_model(monkeypatch):
     monkeypatch.setattr(rl_finetune.TwoPlayerRollout, "load", refuse)
 
 
+@pytest.fixture
+def no_sft_model(monkeypatch):
+    """SFT may not load a model before its data is read and checked."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the SFT data was checked")
+
+    monkeypatch.setattr(supervised_pretrain.models, "load_model_and_tokenizer", refuse)
+
+
 # --- AutoExplore's task file and repositories -----------------------------------------------------
 
 def test_a_missing_task_file_is_one_line(run, no_model, tmp_path):
@@ -174,7 +184,9 @@ def test_an_unknown_hub_id_without_the_hub_fails_in_seconds(run, tmp_path, monke
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     models._hub_reachable.cache_clear()
     start = time.time()
-    code, line = run(supervised_pretrain.main, SFT, "--model_name=no-such/model", f"--task_file={tmp_path / 'x.jsonl'}")
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"text": f"state{ACTION_MARKER}3"}) + "\n")
+    code, line = run(supervised_pretrain.main, SFT, "--model_name=no-such/model", f"--task_file={data}")
     assert time.time() - start < 15
     why = "HF_HUB_OFFLINE is set" if offline else "http://127.0.0.1:9 cannot be reached"
     assert code == 2 and line.startswith(f"{SFT}: error: --model_name 'no-such/model': not a local folder nor in the "
@@ -233,7 +245,7 @@ def test_a_binary_config_is_named(run, tmp_path):
 
 
 @pytest.mark.parametrize("content", [None, b"\x80\x81 not text"])
-def test_sfts_task_file_that_is_a_folder_or_binary_is_named(run, tmp_path, content):
+def test_sfts_task_file_that_is_a_folder_or_binary_is_named(run, no_sft_model, tmp_path, content):
     path = tmp_path / "data"
     if content is None:
         path.mkdir()
@@ -245,7 +257,19 @@ def test_sfts_task_file_that_is_a_folder_or_binary_is_named(run, tmp_path, conte
                     f"{SFT}: error: --task_file: {path} is not UTF-8 text (byte 0: a binary file?)")
 
 
-def test_an_sft_text_without_a_marker_is_named_by_its_line(run, tmp_path):
+@pytest.mark.parametrize("case", ["none given", "missing", "empty"])
+def test_sfts_missing_or_empty_task_file_is_said_before_a_model_loads(run, no_sft_model, tmp_path, case):
+    """No data, no such file, or a file of blank lines: one line, before the model (minutes for GPT-2 XL) loads."""
+    path = tmp_path / "sft.jsonl"
+    if case == "empty":
+        path.write_text("\n\n")
+    code, line = run(supervised_pretrain.main, SFT, *([] if case == "none given" else [f"--task_file={path}"]))
+    said = {"none given": "--task_file: give the SFT .jsonl file (lines of {\"text\": ...})",
+            "missing": f"--task_file: no such file {str(path)!r}", "empty": f"--task_file: {path} holds no texts"}
+    assert code == 2 and line == f"{SFT}: error: {said[case]}"
+
+
+def test_an_sft_text_without_a_marker_is_named_by_its_line(run, no_sft_model, tmp_path):
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"text": f"state{ACTION_MARKER}3"}) + "\n" + json.dumps({"text": "no marker"}) + "\n")
     code, line = run(supervised_pretrain.main, SFT, f"--task_file={data}")
