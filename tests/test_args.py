@@ -234,20 +234,23 @@ def test_no_script_changes_a_setting_after_parsing():
 
 
 def test_a_command_that_trains_nothing_starts_without_torch():
-    """Parsing the flags needs the learners' names, not the learners: ``envs.play`` and the data generators
-    that play with an oracle or an API model start without importing torch (2.5 s of a 4 s start here) where
-    no GPU is seen: with a CPU build of torch, or a CUDA build whose driver shows no device (here the GPU of a
-    GPU machine is hidden). On a ROCm build torch is asked."""
+    """Parsing the flags needs the learners' names, not the learners, and whether a GPU is seen, which the
+    installed torch's build and the CUDA driver tell: ``envs.play`` and the data generators that play with an
+    oracle or an API model start without importing torch (2.5 s of a 4 s start here; 3.5 s of 5 on an H200),
+    with a GPU seen or hidden. On a ROCm build torch is asked."""
     import torch
 
     code = ("import sys\n"
             "import envs.play, data_gen.taxi.reflection, data_gen.auto_explore.gen_task\n"
             "from experiment_args import parse_args\n"
-            "parse_args(['--trainer=grpo', '--group_size=2'], prog='rl_finetune.py')\n"
-            "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
-    assert result.returncode == 0 and result.stdout.split() == [str(bool(torch.version.hip))], result.stderr[-2000:]
+            "args = parse_args(['--trainer=grpo', '--group_size=2'], prog='rl_finetune.py')\n"
+            "print('torch' in sys.modules, args.bf16)")
+    for hidden in ({}, {"CUDA_VISIBLE_DEVICES": ""}):
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                                env=os.environ | hidden)
+        gpu = torch.cuda.is_available() and not hidden
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split() == [str(bool(torch.version.hip)), str(gpu)], (hidden, result.stderr[-2000:])
 
     import rl_algorithms
     from rl_algorithms import LEARNERS, Learner
@@ -256,54 +259,68 @@ def test_a_command_that_trains_nothing_starts_without_torch():
     assert all(getattr(rl_algorithms, name) is not None for name in rl_algorithms.__all__)  # each found where it lives
 
 
-def test_no_gpu_is_known_without_importing_torch_when_its_build_or_driver_says_so(tmp_path, monkeypatch):
-    """``cuda_available`` answers "no" without importing torch when torch's ``version.py`` names no CUDA nor HIP
-    version, or names CUDA and the driver shows no device; torch is asked for a ROCm build, a device the driver
-    shows, or a file that cannot be read."""
+def test_whether_a_gpu_is_seen_is_known_without_torch_from_its_build_and_the_driver(tmp_path, monkeypatch):
+    """``cuda_available`` answers without importing torch from torch's ``version.py`` and the CUDA driver: a CPU
+    build sees no GPU; a CUDA build sees none where the driver shows no device, and one where it shows a device
+    and runs the build's CUDA major version or a later one. Torch is asked for a ROCm build, an older driver, or
+    a ``version.py`` that cannot be read."""
     import importlib.util
 
     import torch
 
     from utils import arg_groups
 
-    assert not (arg_groups._no_gpu_without_torch() and torch.cuda.is_available())  # the installed torch, here
+    assert arg_groups._gpu_without_torch() in (None, torch.cuda.is_available())  # the installed torch, here
     fake = tmp_path / "torch"
     fake.mkdir()
     spec = importlib.util.spec_from_file_location("torch", fake / "__init__.py", submodule_search_locations=[str(fake)])
     monkeypatch.setattr(arg_groups.importlib.util, "find_spec", lambda name: spec)
-    for text, devices, known in (("cuda = None\nhip = None\n", 1, True), ("cuda = '12.4'\nhip = None\n", 0, True),
-                                 ("cuda = '12.4'\nhip = None\n", 1, False), ("cuda = None\nhip = '6.2.41133'\n", 0, False),
-                                 ("cuda = (\n", 0, False)):
-        monkeypatch.setattr(arg_groups, "_cuda_driver_devices", lambda devices=devices: devices)
+    cpu, cuda, rocm = "cuda = None\nhip = None\n", "cuda = '12.4'\nhip = None\n", "cuda = None\nhip = '6.2.41133'\n"
+    for text, driver, known in ((cpu, (1, 12040), False), (cuda, (0, 0), False), (cuda, (0, 12040), False),
+                                (cuda, (1, 12040), True), (cuda, (2, 13000), True), (cuda, (1, 12000), True),
+                                (cuda, (1, 11080), None), (rocm, (0, 0), None), ("cuda = (\n", (1, 12040), None),
+                                ("cuda = 'x.y'\nhip = None\n", (1, 12040), None)):
+        monkeypatch.setattr(arg_groups, "_cuda_driver", lambda driver=driver: driver)
         (fake / "version.py").write_text(text)
-        assert arg_groups._no_gpu_without_torch() is known, (text, devices)
+        assert arg_groups._gpu_without_torch() is known, (text, driver)
     (fake / "version.py").unlink()
-    assert arg_groups._no_gpu_without_torch() is False
+    assert arg_groups._gpu_without_torch() is None
 
 
-def test_the_cuda_driver_is_asked_for_its_devices_and_a_missing_one_shows_none(monkeypatch):
-    """``_cuda_driver_devices`` loads the driver's library through ctypes: missing, failing to start, or failing
-    to count, it shows no device; else its count (which honours ``CUDA_VISIBLE_DEVICES``, as torch's does)."""
+def test_the_cuda_driver_is_asked_for_its_devices_and_version_and_a_missing_one_shows_none(monkeypatch):
+    """``_cuda_driver`` loads the driver's library through ctypes: missing, or failing to start, count or say
+    its version, it shows no device; else its count (which honours ``CUDA_VISIBLE_DEVICES``, as torch's does)
+    and its CUDA version."""
     import ctypes
 
     from utils import arg_groups
 
     class Driver:
-        def __init__(self, init=0, status=0, count=2):
+        def __init__(self, init=0, status=0, count=2, version=13000, version_status=0):
             self.init, self.status, self.count = init, status, count
+            self.version, self.version_status = version, version_status
+
+        @staticmethod
+        def _put(pointer, value):
+            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int)).contents.value = value
 
         def cuInit(self, flags):
             return self.init
 
         def cuDeviceGetCount(self, pointer):
-            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int)).contents.value = self.count
+            self._put(pointer, self.count)
             return self.status
+
+        def cuDriverGetVersion(self, pointer):
+            self._put(pointer, self.version)
+            return self.version_status
 
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(arg_groups.ctypes, "CDLL", missing)
-    assert arg_groups._cuda_driver_devices() == 0
-    for driver, devices in ((Driver(), 2), (Driver(init=100), 0), (Driver(status=3), 0), (Driver(count=0), 0)):
+    assert arg_groups._cuda_driver() == (0, 0)
+    for driver, seen in ((Driver(), (2, 13000)), (Driver(init=100), (0, 0)), (Driver(status=3), (0, 0)),
+                         (Driver(count=0), (0, 13000)), (Driver(version_status=1), (0, 0))):
         monkeypatch.setattr(arg_groups.ctypes, "CDLL", lambda name, driver=driver: driver)
-        assert arg_groups._cuda_driver_devices() == devices
+        assert arg_groups._cuda_driver() == seen
