@@ -11,8 +11,9 @@ not refused). A ``load_dir`` of null evaluates the base model with a fresh (untr
 
 Before the first episode, every configuration is checked: its keys and env, and each checkpoint
 (it exists, is one, of the player it is given as, with this model's choice labels and, for an RL
-checkpoint, the settings of what it reads: ``utils/checkpoints.py``). Any bad one stops the run with
-one line naming each bad entry, its number and name; nothing is played or written.
+checkpoint, the settings of what it reads: ``utils/checkpoints.py``), and that no two share a name (each
+is a row of the results, found by its name; one without a name takes its checkpoints'). Any bad one stops
+the run with one line naming each bad entry, its number and name; nothing is played or written.
 
 Every configuration plays the same test episodes through the rollout used in RL
 (``rollout.py``), with the same seeds and sampling randomness:
@@ -141,9 +142,17 @@ def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
                        "names the checkpoints of each configuration")
     for config in configs:
         if isinstance(config, dict):
-            config.setdefault("name", config.get("load_dir") or "base model")
+            config.setdefault("name", default_name(config))
     check_configs(args, configs, from_flags)
     return configs
+
+
+def default_name(config: dict) -> str:
+    """The name of a configuration that gives none: its policy's checkpoint (or "base model"), and its
+    reflector's where it reads one, so that two entries of one policy with and without a reflector differ."""
+    name = config.get("load_dir") or "base model"
+    reflector = config.get("reflect_load_dir")
+    return f"{name} + reflector {reflector}" if isinstance(reflector, str) and reflector else name
 
 
 def read_eval_load_list(name: str) -> list:
@@ -161,15 +170,29 @@ def read_eval_load_list(name: str) -> list:
 
 def check_configs(args, configs: list, from_flags: bool = False) -> None:
     """Stop with one line naming each bad configuration, by number and name, and what is wrong with it
-    (:func:`config_problems`), before any is played; log the checkpoints' warnings. ``from_flags``: the one
+    (:func:`config_problems`), and each name several share (:func:`shared_names`), before any is played; log
+    the checkpoints' warnings. ``from_flags``: the one
     configuration of ``--load_dir`` and ``--reflect_load_dir``, named by those flags."""
     bad = [problem for number, config in enumerate(configs, 1)
            if (problem := config_problems(args, config, number, from_flags)) is not None]
     if bad and from_flags:
         raise UsageError("; ".join(bad))
-    if bad:
-        raise UsageError(f"{len(bad)} of the {len(configs)} evaluation configurations cannot run, so none was "
-                         f"played: " + "; ".join(bad))
+    shared = shared_names(configs)
+    if bad or shared:
+        said = (f"{len(bad)} of the {len(configs)} evaluation configurations cannot run, so none was played: " if bad
+                else "no evaluation configuration was played: ")
+        raise UsageError(said + "; ".join(bad + shared))
+
+
+def shared_names(configs: list) -> list[str]:
+    """A phrase for each name that several configurations give: each is a row of the results (and a curve of
+    the figures), found by its name, so a shared one would show one configuration's figures for another's."""
+    numbers: dict[str, list[int]] = {}
+    for number, config in enumerate(configs, 1):
+        if isinstance(config, dict) and isinstance(config.get("name"), str):
+            numbers.setdefault(config["name"], []).append(number)
+    return [f"configurations {', '.join(map(str, found[:-1]))} and {found[-1]} share the name {name!r}; give each "
+            f"its own (name: ...)" for name, found in numbers.items() if len(found) > 1]
 
 
 def config_problems(args, config, number: int, from_flags: bool = False) -> str | None:

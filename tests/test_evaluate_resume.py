@@ -20,6 +20,7 @@ from rollout import Episode
 from tests.conftest import REPO
 from tests.test_checkpoint_roles import SFT_POLICY, SFT_REFLECTOR, one_line_exit, role_checkpoint
 from utils import checkpoints
+from utils.errors import UsageError
 
 EVALUATE_CONFIG = evaluate.evaluate_config
 FLAGS = ["--model_name=tiny-gpt2", "--env=taxi", "--taxi_curriculum", "--eval_reps=2",
@@ -101,6 +102,28 @@ def test_load_dir_beside_the_in_code_list_is_said_to_be_ignored(players, make_ar
         configs = evaluate.load_configs(args, [{"env": "taxi", "name": "listed", "load_dir": players["policy"]}])
     assert [c["name"] for c in configs] == ["listed"]
     assert any("--load_dir and --reflect_load_dir are ignored: EVAL_LOAD_LIST" in r.getMessage() for r in caplog.records)
+
+
+def test_entries_that_share_a_name_are_refused_and_unnamed_ones_name_their_reflector(players, make_args):
+    """Each entry is a row of the results and a curve, found by its name: two that share one stop the run before
+    anything plays. An entry without a name takes its policy's checkpoint, and its reflector's where it reads
+    one, so one policy with and without a reflector gives two rows."""
+    args = make_args(env="taxi")
+    plain, reflecting = {"load_dir": players["policy"]}, {"load_dir": players["policy"],
+                                                         "reflect_load_dir": players["reflector"]}
+    configs = evaluate.load_configs(args, [plain, reflecting, {}])
+    assert [c["name"] for c in configs] == [players["policy"], f"{players['policy']} + reflector {players['reflector']}",
+                                            "base model"]
+    listed = [{"name": "SFT", **plain}, {"name": "RL", **plain}, {"name": "SFT", **reflecting}, {"name": "RL"}]
+    with pytest.raises(UsageError) as refused:
+        evaluate.load_configs(args, listed)
+    assert str(refused.value) == ("no evaluation configuration was played: configurations 1 and 3 share the name "
+                                  "'SFT'; give each its own (name: ...); configurations 2 and 4 share the name 'RL'; "
+                                  "give each its own (name: ...)")
+    with pytest.raises(UsageError, match=r"^1 of the 3 evaluation configurations cannot run, so none was played: "
+                                         r"configuration 3 \(x\): unknown keys \['bad'\].*; configurations 1 and 2 "
+                                         r"share the name 'SFT'"):
+        evaluate.load_configs(args, [{"name": "SFT", **plain}, {"name": "SFT"}, {"name": "x", "bad": 1}])
 
 
 # --- results kept: a failing entry, a resumed run -------------------------------------------------------
