@@ -343,3 +343,27 @@ def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(monkeypatch, caplog):
     monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: True)
     parse_args(["--cpu_bf16"])
     assert "emulated" not in caplog.text
+
+
+def test_a_third_party_line_said_at_every_product_is_said_once(caplog):
+    """``say_once``: bitsandbytes logs its bf16-to-float16 cast at every 8-bit product (27,000 lines in an RL
+    iteration of GPT-2 XL at the GPU defaults); each distinct line of that logger now appears once, and the
+    filter is installed once however often a model loads (tests/test_gpu.py checks it on bitsandbytes)."""
+    import logging
+
+    from utils import models
+
+    noisy = logging.getLogger(models.BNB_CAST_LOGGER)
+    saved = list(noisy.filters)
+    noisy.filters[:] = []  # a fresh filter: one a quantised load installed in this process remembers its lines
+    try:
+        models.say_once(models.BNB_CAST_LOGGER)
+        models.say_once(models.BNB_CAST_LOGGER)
+        assert sum(type(f).__name__ == "_SaidOnce" for f in noisy.filters) == 1
+        with caplog.at_level(logging.WARNING):
+            for dtype in ("torch.bfloat16", "torch.bfloat16", "torch.float32", "torch.bfloat16"):
+                noisy.warning("MatMul8bitLt: inputs will be cast from %s to float16 during quantization", dtype)
+        assert [r.getMessage().split()[6] for r in caplog.records if r.name == models.BNB_CAST_LOGGER] == \
+               ["torch.bfloat16", "torch.float32"]
+    finally:
+        noisy.filters[:] = saved
