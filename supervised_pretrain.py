@@ -8,7 +8,8 @@ stop), or the choice label after the action marker (policy data). ``--reflect=Tr
 ``False`` insists on one kind. Prompts longer than ``--max_seq_length`` lose their
 beginning. Checkpoints land in ``results/<id>_supervised_pretrain/checkpoint-N/`` with
 their ``setting.yml`` and ``role.json`` (a reflector or a policy, as the texts end);
-``--resume_from CHECKPOINT`` continues a run.
+``--resume_from CHECKPOINT`` continues a run. torch and transformers' Trainer (10 s to import) load once the
+flags are parsed, so ``--help`` and a mistyped flag answer at once.
 """
 
 import inspect
@@ -16,9 +17,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-
-import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from experiment_args import run_script
 from prompts import (
@@ -28,9 +26,7 @@ from prompts import (
     completion_start,
     label_alphabet,
     tokenizer_name,
-    write_label_file,
 )
-from utils import checkpoints, metrics, models, seeding
 from utils.errors import UsageError
 from utils.io import read_input
 
@@ -116,6 +112,8 @@ class PadCollator:
         self.completion_logits = completion_logits
 
     def __call__(self, examples: list[dict]) -> dict:
+        import torch
+
         width = max(len(e["input_ids"]) for e in examples)
         batch = {"input_ids": [], "attention_mask": [], "labels": []}
         for e in examples:
@@ -129,71 +127,6 @@ class PadCollator:
             batch["logits_to_keep"] = following != IGNORE
             batch["shift_labels"] = following[batch["logits_to_keep"]]
         return batch
-
-
-class SkipNonFiniteSteps(TrainerCallback):
-    """Skips an optimiser step whose gradient holds a NaN or an infinity (a loss that overflowed in bfloat16,
-    a rate that diverged), as RL's learners skip such an update: the gradients are dropped before the
-    optimiser reads them, so the weights and the optimiser's state stay as they were. The Trainer alone
-    would apply them: every later step then reads NaN weights and the checkpoints hold them, while its log
-    shows a finite loss (it leaves non-finite losses out of the average, and a window of them logs 0.0).
-    The gradients are the same on every process (reduced before this hook), so every process skips alike.
-    With ``--fp16`` the loss scaler skips such steps itself, and lowers its scale."""
-
-    def __init__(self):
-        self.skipped = 0  # steps skipped in this run
-
-    def on_pre_optimizer_step(self, training_args, state, control, optimizer=None, **kwargs):
-        if training_args.fp16:
-            return
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not models.finite_gradients(params):
-            for p in params:
-                p.grad = None  # an optimiser steps no parameter without a gradient
-            self.skipped += 1
-            logger.warning("step %d: non-finite loss or gradient; the step is skipped (weights unchanged)",
-                           state.global_step + 1)
-
-
-class RunFiles(TrainerCallback):
-    """Logs to the run's metrics.jsonl/TensorBoard (with ``nan_skips``, the steps skipped so far for a
-    non-finite loss or gradient); saves setting.yml, the choice labels (``labels.json``) and what the
-    checkpoint is (``role.json``: the reflector or the policy, as the data's texts say) into each checkpoint."""
-
-    def __init__(self, args, run_dir: Path, labels: tuple[str, ...], role: checkpoints.CheckpointRole,
-                 guard: SkipNonFiniteSteps):
-        self.args, self.run_dir, self.labels, self.role, self.guard = args, run_dir, labels, role, guard
-        self.metrics = metrics.MetricLogger(run_dir)
-        self.steps_done = 0  # optimiser steps taken by this process (a resumed run starts later)
-        self.last_record = (0, 0)  # (step, steps skipped so far) at the last record with a loss
-
-    def on_train_begin(self, training_args, state, control, **kwargs):
-        self.last_record = (state.global_step, 0)  # a resumed run starts at its checkpoint's step
-
-    def on_step_end(self, training_args, state, control, **kwargs):
-        self.steps_done += 1
-
-    def on_log(self, training_args, state, control, logs=None, **kwargs):
-        if not (state.is_world_process_zero and logs):
-            return
-        record = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
-        if "loss" in record:
-            step, skipped = self.last_record
-            if self.guard.skipped - skipped >= state.global_step - step > 0:
-                record["loss"] = float("nan")  # every step since the last record was skipped: no loss to show
-            self.last_record = (state.global_step, self.guard.skipped)
-            record["nan_skips"] = self.guard.skipped
-        self.metrics.log(state.global_step, record)
-
-    def on_save(self, training_args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            checkpoint = self.run_dir / f"checkpoint-{state.global_step}"
-            checkpoints.save_settings(checkpoint, self.args)
-            write_label_file(checkpoint, self.labels, self.args.model_name)
-            checkpoints.write_role(checkpoint, self.role)
-
-    def on_train_end(self, training_args, state, control, **kwargs):
-        self.metrics.close()
 
 
 def check_data_labels(args, tokenizer, texts: list[str]) -> None:
@@ -224,6 +157,8 @@ def completion_logits(args, model) -> bool:
     (``logits_to_keep``, a mask: transformers' causal LMs); elsewhere every position's, with a warning."""
     if not args.completion_logits:
         return False
+    from utils import models
+
     if "logits_to_keep" in inspect.signature(models.base_model(model).forward).parameters:
         return True
     logger.warning("--completion_logits: %s's forward pass has no logits_to_keep; the LM head runs at every "
@@ -232,6 +167,12 @@ def completion_logits(args, model) -> bool:
 
 
 def main(args) -> int:
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from utils import checkpoints, metrics, models, seeding
+    from utils.sft_callbacks import RunFiles, SkipNonFiniteSteps
+
     texts = read_texts(args.task_file)  # bad data is said before a model loads (minutes for GPT-2 XL in 8 bits)
     seeding.set_seed(args.seed)
     model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)

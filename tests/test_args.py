@@ -237,11 +237,12 @@ def test_a_command_that_trains_nothing_starts_without_torch():
     """Parsing the flags needs the learners' names, not the learners, and whether a GPU is seen, which the
     installed torch's build and the CUDA driver tell: ``envs.play`` and the data generators that play with an
     oracle or an API model start without importing torch (2.5 s of a 4 s start here; 3.5 s of 5 on an H200),
-    with a GPU seen or hidden. On a ROCm build torch is asked."""
+    with a GPU seen or hidden. SFT imports torch and transformers' Trainer once its flags are parsed, so its
+    ``--help`` or a mistyped flag answers in 2.5 s, not 12.5. On a ROCm build torch is asked."""
     import torch
 
     code = ("import sys\n"
-            "import envs.play, data_gen.taxi.reflection, data_gen.auto_explore.gen_task\n"
+            "import envs.play, data_gen.taxi.reflection, data_gen.auto_explore.gen_task, supervised_pretrain\n"
             "from experiment_args import parse_args\n"
             "args = parse_args(['--trainer=grpo', '--group_size=2'], prog='rl_finetune.py')\n"
             "print('torch' in sys.modules, args.bf16)")

@@ -64,7 +64,7 @@ def no_sft_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the SFT data was checked")
 
-    monkeypatch.setattr(supervised_pretrain.models, "load_model_and_tokenizer", refuse)
+    monkeypatch.setattr(models, "load_model_and_tokenizer", refuse)  # what SFT's main imports
 
 
 # --- AutoExplore's task file and repositories -----------------------------------------------------
