@@ -171,8 +171,8 @@ def read_eval_load_list(name: str) -> list:
 def check_configs(args, configs: list, from_flags: bool = False) -> None:
     """Stop with one line naming each bad configuration, by number and name, and what is wrong with it
     (:func:`config_problems`), and each name several share (:func:`shared_names`), before any is played; log
-    the checkpoints' warnings. ``from_flags``: the one
-    configuration of ``--load_dir`` and ``--reflect_load_dir``, named by those flags."""
+    the checkpoints' warnings. ``from_flags``: the one configuration of ``--load_dir`` and
+    ``--reflect_load_dir``, named by those flags."""
     bad = [problem for number, config in enumerate(configs, 1)
            if (problem := config_problems(args, config, number, from_flags)) is not None]
     if bad and from_flags:

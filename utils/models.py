@@ -513,7 +513,7 @@ def full_head(model: nn.Module):
 
 # bitsandbytes' 8-bit layers log "MatMul8bitLt: inputs will be cast from torch.bfloat16 to float16 during
 # quantization" at every product whose input is not float16: with the paper's defaults (8-bit weights, bf16
-# compute) an RL iteration of GPT-2 XL logged it 27,000 times (an H200, 2026-11-28).
+# compute) an RL iteration at GPT-2 XL's size logged it 27,520 times (an H200, 2026-11-28).
 BNB_CAST_LOGGER = "bitsandbytes.autograd._functions"
 
 
