@@ -167,13 +167,14 @@ def completion_logits(args, model) -> bool:
 
 
 def main(args) -> int:
+    # bad data is said at once: before torch and the Trainer import (10 s) and a model loads (GPT-2 XL: minutes)
+    texts = read_texts(args.task_file)
     import torch
     from transformers import Trainer, TrainingArguments
 
     from utils import checkpoints, metrics, models, seeding
     from utils.sft_callbacks import RunFiles, SkipNonFiniteSteps
 
-    texts = read_texts(args.task_file)  # bad data is said before a model loads (minutes for GPT-2 XL in 8 bits)
     seeding.set_seed(args.seed)
     model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
     dataset = build_dataset(args, tokenizer, texts)
