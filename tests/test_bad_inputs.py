@@ -47,24 +47,20 @@ def run(monkeypatch, capsys, tmp_path):
     return call
 
 
+def _refuse(*args, **kwargs):
+    raise AssertionError("a model was loaded before the inputs were checked")
+
+
 @pytest.fixture
 def no_model(monkeypatch):
     """RL may not load a model before its inputs are checked."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the inputs were checked")
-
-    monkeypatch.setattr(rl_finetune.TwoPlayerRollout, "load", refuse)
+    monkeypatch.setattr(rl_finetune.TwoPlayerRollout, "load", _refuse)
 
 
 @pytest.fixture
 def no_sft_model(monkeypatch):
     """SFT may not load a model before its data is read and checked."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the SFT data was checked")
-
-    monkeypatch.setattr(models, "load_model_and_tokenizer", refuse)  # what SFT's main imports
+    monkeypatch.setattr(models, "load_model_and_tokenizer", _refuse)  # what SFT's main imports
 
 
 # --- AutoExplore's task file and repositories -----------------------------------------------------

@@ -533,10 +533,15 @@ class _SaidOnce(logging.Filter):
 
 
 def say_once(name: str) -> None:
-    """Each distinct message of logger ``name`` is logged once per process (installed once)."""
+    """Each distinct message of logger ``name`` is logged once per process."""
+    _filter_once(name, _SaidOnce)
+
+
+def _filter_once(name: str, kind: type[logging.Filter]) -> None:
+    """Put a ``kind`` filter on logger ``name``, unless it has one."""
     target = logging.getLogger(name)
-    if not any(isinstance(f, _SaidOnce) for f in target.filters):
-        target.addFilter(_SaidOnce())
+    if not any(isinstance(f, kind) for f in target.filters):
+        target.addFilter(kind())
 
 
 class _UnpaddedGenerateWarning(logging.Filter):
@@ -553,6 +558,4 @@ class _UnpaddedGenerateWarning(logging.Filter):
 
 def silence_unpadded_generate_warning() -> None:
     """Install the filter once (by the first rollout, not at import)."""
-    hf_logger = logging.getLogger("transformers.modeling_utils")
-    if not any(isinstance(f, _UnpaddedGenerateWarning) for f in hf_logger.filters):
-        hf_logger.addFilter(_UnpaddedGenerateWarning())
+    _filter_once("transformers.modeling_utils", _UnpaddedGenerateWarning)
