@@ -1,7 +1,7 @@
 """Seconds per RL iteration with each rollout optimisation switched on in turn, side by side in one run.
 
     python -m benchmarks.rl_iteration [--model_name tiny-gpt2 | --model_name <SmolLM2 .gguf>]
-        [--load_dir P --reflect_load_dir R] [--max_steps 6] [--out FILE.json] [--emulated_bf16]
+        [--load_dir P --reflect_load_dir R] [--max_steps 6] [--out FILE.json] [--emulated_bf16] [--count_flops]
 
 Every row plays the same RL iterations: Taxi pickup with reflection, ``--per_device_eval_batch_size``
 (16) episodes per iteration, greedy reflections (``--top_k 1``), and the PG learner's update after each
@@ -22,8 +22,18 @@ multiplied SmolLM2's matrices at 1.2 GFLOP/s in bf16 against 148 in float32), so
 for hours. There the rows about bf16 itself (bf16, eager attention for bf16 training, bf16 LoRA products) are skipped
 and said to be, and the later ones run in float32, named so: the table is then what a float32 machine gets.
 ``--emulated_bf16`` runs every row as it is.
+
+``--count_flops`` says how far each row is from what the machine's arithmetic allows. Each row's first iteration
+(the warm-up, which the means leave out) is played under torch's ``FlopCounterMode``, which counts the floating-point
+operations of the matrix products and attention, forward and backward; the products' peak is measured once per
+dtype, on a product of the policy's own shapes (2,048 rows). Printed per row: GFLOP per decision, the share of the
+peak the row's arithmetic ran at (its GFLOP per decision at the peak, over its measured seconds per decision), and
+the bound it sets: the first row's seconds per decision over this row's GFLOP per decision at the peak, the speed-up
+this row would give if every operation ran at the peak, which none does (attention, norms, the token-by-token
+generation of reflections).
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -39,6 +49,7 @@ from envs.taxi import taxi_curriculum
 from experiment_args import cpu_native_bf16, one_line_usage_errors, parse_args
 from rollout import TwoPlayerRollout
 from utils.arg_groups import cuda_available
+from utils.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +105,11 @@ def _choices(episode: str) -> list:
     return [(d["action"], d["reflection"]) for d in json.loads(episode)["decisions"]]
 
 
-def play_iterations(argv: list[str]) -> dict:
+def play_iterations(argv: list[str], count_flops: bool = False) -> dict:
     """Play ``--max_steps`` RL iterations as ``rl_finetune`` does (rollout, then the learner's update);
-    returns the seconds of each, the episodes (as JSON) and the rollout's figures."""
+    returns the seconds of each, the episodes (as JSON) and the rollout's figures. With ``count_flops``, the
+    first iteration is played under torch's ``FlopCounterMode`` (its seconds are then not a measurement) and the
+    result has its ``flops`` and the products' ``peak_gflops`` in the base model's dtype (:func:`product_peak`)."""
     from accelerate import Accelerator
 
     import rl_finetune
@@ -104,6 +117,9 @@ def play_iterations(argv: list[str]) -> dict:
     from utils import seeding
 
     args = parse_args(argv, prog="python -m benchmarks.rl_iteration")
+    if count_flops and args.max_steps < 2:
+        raise UsageError(f"--count_flops counts the first iteration and times the later ones: it needs --max_steps "
+                         f"2 or more, got {args.max_steps}")
     seeding.set_seed(args.seed)
     rollout = TwoPlayerRollout.load(args, args.load_dir, args.reflect_load_dir, reflect=True, trainable=True)
     learner = LEARNERS[args.trainer](LearnerSettings.from_args(args), rollout.scorer,
@@ -114,26 +130,76 @@ def play_iterations(argv: list[str]) -> dict:
     curriculum = taxi_curriculum(args.max_steps).only(0)  # pickup
     rng = np.random.default_rng(args.seed)
     seconds, counts, episodes, reflector, policy = [], [], [], [], []
-    for _ in range(args.max_steps):
+    counter = flop_counter() if count_flops else None
+    for iteration in range(args.max_steps):
         tic, before = time.perf_counter(), dataclasses.replace(rollout.stats)
-        batch = play(rl_finetune.episode_starts(curriculum, 0, args.per_device_eval_batch_size, rng), rng)
-        learner.update(batch, play, rng)
+        with counter if counter is not None and iteration == 0 else contextlib.nullcontext():
+            batch = play(rl_finetune.episode_starts(curriculum, 0, args.per_device_eval_batch_size, rng), rng)
+            learner.update(batch, play, rng)
         seconds.append(time.perf_counter() - tic)
         reflector.append(rollout.stats.reflect_seconds - before.reflect_seconds)
         policy.append(rollout.stats.policy_seconds - before.policy_seconds)
         counts.append(sum(len(e.decisions) for e in batch))
         episodes += [json.dumps(e.to_dict(), sort_keys=True) for e in batch]
-    return {"seconds": seconds, "reflect_seconds": reflector, "policy_seconds": policy,
-            "decisions_per_iteration": counts, "episodes": episodes,
-            "hit_rate": rollout.stats.reflection_hit_rate,
-            "decisions": rollout.stats.decisions, "draft_acceptance": rollout.stats.drafts.acceptance,
-            "draft_passes": rollout.stats.drafts.passes}
+    played = {"seconds": seconds, "reflect_seconds": reflector, "policy_seconds": policy,
+              "decisions_per_iteration": counts, "episodes": episodes,
+              "hit_rate": rollout.stats.reflection_hit_rate,
+              "decisions": rollout.stats.decisions, "draft_acceptance": rollout.stats.drafts.acceptance,
+              "draft_passes": rollout.stats.drafts.passes}
+    if counter is not None:
+        played["flops"] = counter.get_total_flops()
+        model = rollout.scorer.policy
+        weight = model.get_input_embeddings().weight  # the dtype the products compute in
+        played["peak_gflops"] = product_peak(model.config, weight.dtype, weight.device)
+    return played
+
+
+def flop_counter():
+    """Torch's ``FlopCounterMode``, told the CPU's fused attention kernels too: it counts the matrix products and the
+    GPU's attention kernels, and without this would leave out every attention of a model on sdpa on a CPU. The
+    formulas are torch's own for the other sdpa kernels, whose arguments begin alike."""
+    from torch.utils import flop_counter as counting
+
+    aten = torch.ops.aten
+    return counting.FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: counting.sdpa_flop.__wrapped__,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: counting.sdpa_backward_flop.__wrapped__})
+
+
+def product_peak(config, dtype: torch.dtype, device: torch.device) -> float:
+    """GFLOP/s of one matrix product of the model's shapes (2,048 tokens by the hidden size, times the hidden size
+    by the MLP's width) in ``dtype``: what a forward pass's largest products run at on this machine now."""
+    hidden = config.hidden_size
+    width = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    return _product_peak(hidden, width, dtype, device)
+
+
+@functools.cache
+def _product_peak(hidden: int, width: int, dtype: torch.dtype, device: torch.device, rows: int = 2048,
+                  seconds: float = 1.0) -> float:
+    """The best of the timings of one product, repeated for about ``seconds``; measured once per shape and dtype."""
+    a = torch.randn(rows, hidden, dtype=dtype, device=device)
+    b = torch.randn(hidden, width, dtype=dtype, device=device)
+    best, spent = float("inf"), 0.0
+    while spent < seconds:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        tic = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        took = time.perf_counter() - tic
+        best, spent = min(best, took), spent + took
+    return 2 * rows * hidden * width / best / 1e9
 
 
 def main(argv: list[str]) -> int:
-    own, argv = own_flags(argv, "python -m benchmarks.rl_iteration", __doc__, {"--emulated_bf16": dict(
-        action="store_true", help="run the rows about bf16 even where the CPU emulates it (no avx512_bf16 or "
-                                  "amx_bf16): they then time the emulation, for hours")})
+    own, argv = own_flags(argv, "python -m benchmarks.rl_iteration", __doc__, {
+        "--emulated_bf16": dict(action="store_true", help="run the rows about bf16 even where the CPU emulates it "
+                                "(no avx512_bf16 or amx_bf16): they then time the emulation, for hours"),
+        "--count_flops": dict(action="store_true", help="count each row's floating-point operations in its first "
+                              "iteration (which the means leave out; it runs slower under the counter) and print how "
+                              "near the machine's product peak each row runs, and the speed-up that peak bounds")})
     out = own.out
     skip_bf16 = not (own.emulated_bf16 or cuda_available() or cpu_native_bf16())
     defaults = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=40",
@@ -145,7 +211,7 @@ def main(argv: list[str]) -> int:
             skipped.append(row.name)
             continue
         row = row.on_float32() if skip_bf16 else row
-        played = play_iterations([*defaults, *argv, *row.flags])
+        played = play_iterations([*defaults, *argv, *row.flags], count_flops=own.count_flops)
         first = first or played
         results.append({"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
                         "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
@@ -156,7 +222,9 @@ def main(argv: list[str]) -> int:
                         "hit_rate": played["hit_rate"], "decisions": played["decisions"],
                         "draft_acceptance": played["draft_acceptance"], "draft_passes": played["draft_passes"],
                         "identical_bytes": played["episodes"] == first["episodes"],
-                        "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"]))})
+                        "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"])),
+                        **({"gflop_per_decision": played["flops"] / 1e9 / played["decisions_per_iteration"][0],
+                            "peak_gflops": played["peak_gflops"]} if own.count_flops else {})})
     base = results[0]["s_per_iteration"]
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
           "iterations 2 and after\n")
@@ -171,12 +239,29 @@ def main(argv: list[str]) -> int:
                   f"{r['s_per_decision']:.3f}", f"{per_decision_base / r['s_per_decision']:.2f}x",
                   f"{100 * r['hit_rate']:.0f}%", f"{100 * r['draft_acceptance']:.0f}%" if r["draft_passes"] else "-",
                   _sameness(r)] for r in results])
+    if own.count_flops:
+        print_arithmetic(results)
     if skipped:
         print(f"\nNo native bfloat16 was found on this CPU (avx512_bf16 or amx_bf16 in /proc/cpuinfo): the later "
               f"rows ran in float32, named so, and those about bf16 itself were skipped (--emulated_bf16 runs every "
               f"row as it is): {'; '.join(skipped)}")
     save(out, [*results, *({"row": name, "skipped": SKIPPED_BF16} for name in skipped)])
     return 0 if all(_kept(r) for r in results) else 1
+
+
+def print_arithmetic(results: list[dict]) -> None:
+    """Per row: its counted GFLOP per decision, the share of the product peak it ran at, and the speed-up over the
+    first row that its arithmetic allows at that peak (``--count_flops``); also added to each result."""
+    base = results[0]["s_per_decision"]
+    for r in results:
+        at_peak = r["gflop_per_decision"] / r["peak_gflops"]  # seconds per decision if every operation ran at the peak
+        r["share_of_peak"], r["speedup_bound"] = at_peak / r["s_per_decision"], base / at_peak
+    print("\nArithmetic (--count_flops; each row's first iteration counted by torch's FlopCounterMode: matrix "
+          "products and attention, forward and backward), against one product of the policy's shapes\n")
+    print_table(["row", "GFLOP / decision", "product peak (GFLOP/s)", "share of the peak it ran at",
+                 "speed-up at the peak (a bound)"], ["---", "---:", "---:", "---:", "---:"],
+                [[r["row"], f"{r['gflop_per_decision']:.1f}", f"{r['peak_gflops']:.0f}",
+                  f"{100 * r['share_of_peak']:.0f}%", f"{r['speedup_bound']:.2f}x"] for r in results])
 
 
 SKIPPED_BF16 = "no native bfloat16 on this CPU: emulated, the row would measure the emulation"

@@ -14,11 +14,14 @@ def played(monkeypatch):
     """The rows' command lines, with a stand-in for the RL iterations (the real ones: tests/test_readme.py)."""
     argvs = []
 
-    def play(argv):
+    def play(argv, count_flops=False):
         argvs.append(argv)
-        return {"seconds": [2.0, 1.0], "reflect_seconds": [0.5, 0.25], "policy_seconds": [0.5, 0.25],
-                "decisions_per_iteration": [4, 4], "episodes": [json.dumps({"decisions": []})], "hit_rate": 0.0, "decisions": 8,
-                "draft_acceptance": 0.0, "draft_passes": 0}
+        # each row after the first halves the seconds and, counted, does 3/4 of the arithmetic of the row before
+        row = len(argvs) - 1
+        return {"seconds": [2.0, 0.5 ** row], "reflect_seconds": [0.5, 0.125 * 0.5 ** row],
+                "policy_seconds": [0.5, 0.125 * 0.5 ** row], "decisions_per_iteration": [4, 4],
+                "episodes": [json.dumps({"decisions": []})], "hit_rate": 0.0, "decisions": 8, "draft_acceptance": 0.0,
+                "draft_passes": 0, **({"flops": 4e9 * 0.75 ** row, "peak_gflops": 10.0} if count_flops else {})}
 
     monkeypatch.setattr(rl_iteration, "play_iterations", play)
     monkeypatch.setattr(rl_iteration, "cuda_available", lambda: False)
@@ -60,3 +63,67 @@ def test_the_bf16_rows_run_where_bf16_is_native_on_cuda_or_when_asked(played, mo
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["row"] for r in rows] == [row.name for row in rl_iteration.ROWS] and not any("skipped" in r for r in rows)
     assert "No native bfloat16" not in capsys.readouterr().out
+
+
+def test_counted_arithmetic_gives_each_rows_share_of_the_peak_and_the_speed_up_it_bounds(played, monkeypatch, tmp_path,
+                                                                                        capsys):
+    """``--count_flops``: GFLOP per decision of the counted first iteration, the share of the product peak a row ran at
+    (its seconds at the peak over its measured seconds), and the first row's seconds over this row's at the peak."""
+    monkeypatch.setattr(rl_iteration, "cpu_native_bf16", lambda: True)
+    assert rl_iteration.main(["--count_flops", "--out", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    for index, row in enumerate(rows):
+        gflop = 0.75 ** index  # 4 GFLOP x 0.75^row over 4 decisions
+        assert row["gflop_per_decision"] == pytest.approx(gflop) and row["peak_gflops"] == 10.0
+        assert row["share_of_peak"] == pytest.approx(gflop / 10 / (0.5 ** index / 4))  # s / decision: 0.5^row / 4
+        assert row["speedup_bound"] == pytest.approx((1 / 4) / (gflop / 10))
+    said = capsys.readouterr().out.split("Arithmetic (--count_flops")[1]
+    assert "| everything off | 1.0 | 10 | 40% | 2.50x |" in said
+
+    played.clear()
+    assert rl_iteration.main([]) == 0  # without the flag: nothing counted, nothing said
+    assert "Arithmetic" not in capsys.readouterr().out
+
+
+def test_counting_the_arithmetic_plays_the_same_iterations(capsys):
+    """The counter only watches: the same episodes with and without it, on tiny-gpt2; it needs a second iteration
+    to time, and says so in one line."""
+    argv = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=4",
+            "--per_device_eval_batch_size=2", "--max_steps=2", "--no_use_peft", "--baseline=mean", "--horizon=4"]
+    counted, plain = (rl_iteration.play_iterations(argv, count_flops=count) for count in (True, False))
+    assert counted["episodes"] == plain["episodes"]
+    assert counted["flops"] > 0 and counted["peak_gflops"] > 0 and "flops" not in plain
+
+    from experiment_args import one_line_usage_errors
+
+    capsys.readouterr()
+    assert one_line_usage_errors("rl_iteration", rl_iteration.main, ["--count_flops", *argv, "--max_steps=1"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["rl_iteration: error: --count_flops counts the first iteration and times the later ones: it needs "
+                    "--max_steps 2 or more, got 1"]
+
+
+def test_the_counter_counts_attention_on_a_cpu_as_written_out():
+    """On a CPU, sdpa runs a fused kernel that torch's counter has no formula for. With the benchmark's counter, a
+    forward and backward pass on sdpa counts what eager attention's products count, padded rows too, and the
+    scores the fused backward computes again (Q times K transposed: half of the forward's two products)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    from utils import tiny_gpt2
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 7, 8, 9, 10]])
+    mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+    total, forward = {}, {}
+    for attention in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_gpt2.tiny_gpt2_path(), attn_implementation=attention)
+        for name, counter in (("benchmark", rl_iteration.flop_counter()), ("plain", FlopCounterMode(display=False))):
+            with counter:
+                model(input_ids=ids, attention_mask=mask).logits.sum().backward()
+            total[attention, name] = counter.get_total_flops()
+            forward[attention, name] = counter.get_flop_counts()["Global"].get(
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, 0)
+    assert total["eager", "benchmark"] == total["eager", "plain"]
+    assert forward["sdpa", "benchmark"] > 0 and total["sdpa", "plain"] < total["eager", "plain"]  # attention missed
+    assert total["sdpa", "benchmark"] == total["eager", "plain"] + forward["sdpa", "benchmark"] // 2
