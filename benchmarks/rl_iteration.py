@@ -213,18 +213,19 @@ def main(argv: list[str]) -> int:
         row = row.on_float32() if skip_bf16 else row
         played = play_iterations([*defaults, *argv, *row.flags], count_flops=own.count_flops)
         first = first or played
-        results.append({"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
-                        "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
-                        "seconds": played["seconds"], "decisions_per_iteration": played["decisions_per_iteration"],
-                        "reflect_s_per_iteration": steady_mean(played["reflect_seconds"]),
-                        "policy_s_per_iteration": steady_mean(played["policy_seconds"]),
-                        "reflect_seconds": played["reflect_seconds"], "policy_seconds": played["policy_seconds"],
-                        "hit_rate": played["hit_rate"], "decisions": played["decisions"],
-                        "draft_acceptance": played["draft_acceptance"], "draft_passes": played["draft_passes"],
-                        "identical_bytes": played["episodes"] == first["episodes"],
-                        "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"])),
-                        **({"gflop_per_decision": played["flops"] / 1e9 / played["decisions_per_iteration"][0],
-                            "peak_gflops": played["peak_gflops"]} if own.count_flops else {})})
+        result = {"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
+                  "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
+                  "seconds": played["seconds"], "decisions_per_iteration": played["decisions_per_iteration"],
+                  "reflect_s_per_iteration": steady_mean(played["reflect_seconds"]),
+                  "policy_s_per_iteration": steady_mean(played["policy_seconds"]),
+                  "reflect_seconds": played["reflect_seconds"], "policy_seconds": played["policy_seconds"],
+                  "hit_rate": played["hit_rate"], "decisions": played["decisions"],
+                  "draft_acceptance": played["draft_acceptance"], "draft_passes": played["draft_passes"],
+                  "identical_bytes": played["episodes"] == first["episodes"],
+                  "identical_choices": list(map(_choices, played["episodes"])) == list(map(_choices, first["episodes"]))}
+        if own.count_flops:
+            result |= arithmetic(played, result["s_per_decision"], (results or [result])[0]["s_per_decision"])
+        results.append(result)
     base = results[0]["s_per_iteration"]
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
           "iterations 2 and after\n")
@@ -249,13 +250,18 @@ def main(argv: list[str]) -> int:
     return 0 if all(_kept(r) for r in results) else 1
 
 
+def arithmetic(played: dict, s_per_decision: float, first_s_per_decision: float) -> dict:
+    """A row's counted arithmetic (``--count_flops``): its GFLOP per decision (the counted first iteration's), the
+    product peak, the share of that peak the row ran at, and the speed-up over the first row that its arithmetic
+    allows at the peak."""
+    gflop = played["flops"] / 1e9 / played["decisions_per_iteration"][0]
+    at_peak = gflop / played["peak_gflops"]  # seconds per decision if every operation ran at the peak
+    return {"gflop_per_decision": gflop, "peak_gflops": played["peak_gflops"],
+            "share_of_peak": at_peak / s_per_decision, "speedup_bound": first_s_per_decision / at_peak}
+
+
 def print_arithmetic(results: list[dict]) -> None:
-    """Per row: its counted GFLOP per decision, the share of the product peak it ran at, and the speed-up over the
-    first row that its arithmetic allows at that peak (``--count_flops``); also added to each result."""
-    base = results[0]["s_per_decision"]
-    for r in results:
-        at_peak = r["gflop_per_decision"] / r["peak_gflops"]  # seconds per decision if every operation ran at the peak
-        r["share_of_peak"], r["speedup_bound"] = at_peak / r["s_per_decision"], base / at_peak
+    """The rows' :func:`arithmetic`, as a table."""
     print("\nArithmetic (--count_flops; each row's first iteration counted by torch's FlopCounterMode: matrix "
           "products and attention, forward and backward), against one product of the policy's shapes\n")
     print_table(["row", "GFLOP / decision", "product peak (GFLOP/s)", "share of the peak it ran at",
