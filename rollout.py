@@ -39,6 +39,8 @@ from prompts import clean_reflection, label_alphabet, label_token_ids, policy_pr
 from utils import checkpoints, models
 from utils.draft_decoding import DraftStats, draft_source, greedy_with_drafts
 from utils.kv_cache import PrefixKV, WeightsWatch
+from utils.packed_weights import PackedWeights
+from utils.packed_weights import available as packed_weights_available
 
 logger = logging.getLogger(__name__)
 
@@ -307,7 +309,8 @@ class TwoPlayerRollout:
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
                  mask_invalid: bool = True, reflection_memo: bool = True, prefix_cache: bool = True,
-                 static_cache: bool = False, argmax_top1: bool = True, draft_tokens: int = 0):
+                 static_cache: bool = False, argmax_top1: bool = True, draft_tokens: int = 0,
+                 packed_weights: bool = False):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
@@ -334,6 +337,9 @@ class TwoPlayerRollout:
         # greedy reflections check guessed tokens, up to this many a forward pass (utils/draft_decoding.py)
         self.draft_tokens = draft_tokens if self.greedy_reflections and not static_cache else 0
         self._last_text: str | None = None  # the latest reflection generated: the hint of a row that has none
+        # the frozen reflector's linear weights laid out once for the CPU's products (utils/packed_weights.py)
+        self.reflect_packed = (PackedWeights(reflector) if packed_weights and reflector is not None
+                               and _device(reflector).type == "cpu" and packed_weights_available() else None)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -376,7 +382,8 @@ class TwoPlayerRollout:
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
                    reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
                    reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache,
-                   static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens)
+                   static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens,
+                   packed_weights=args.packed_weights)
 
     # --- the two players ----------------------------------------------------------------
 
@@ -412,6 +419,11 @@ class TwoPlayerRollout:
         (:func:`utils.draft_decoding.greedy_with_drafts`) where ``--draft_tokens`` says so, else ``generate``."""
         pad_id = self.reflect_tokenizer.pad_token_id
         device = _device(self.reflector)
+        packed = self.reflect_packed.active() if self.reflect_packed else contextlib.nullcontext()
+        with models.full_head(self.reflector), packed:  # the packed layers include the full head
+            return self._generate_now(ids, seed, hints, pad_id, device)
+
+    def _generate_now(self, ids: list[list[int]], seed: int, hints: list[str | None], pad_id: int, device) -> list[str]:
         static_len = max(map(len, ids)) + self.max_new_tokens if self.static_cache else None
         prepared = self.reflect_prefix.prepare(ids, pad_id, device, static_len=static_len) if self.reflect_prefix else None
         if prepared is None:
@@ -422,11 +434,10 @@ class TwoPlayerRollout:
                       "position_ids": prepared.position_ids}
             tokens, cache = prepared.tokens, prepared.cache
         self.stats.reflection_prompt_tokens += tokens
-        with models.full_head(self.reflector):
-            if self.draft_tokens:
-                new = self._drafted(ids, inputs, cache, hints, prepared.prefix if prepared else 0)
-            else:
-                new = self._generated(inputs, cache, seed, device)
+        if self.draft_tokens:
+            new = self._drafted(ids, inputs, cache, hints, prepared.prefix if prepared else 0)
+        else:
+            new = self._generated(inputs, cache, seed, device)
         self.stats.reflection_new_tokens += sum(len([t for t in row if t != pad_id]) for row in new)
         texts = [clean_reflection(text, self.one_line)
                  for text in self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)]

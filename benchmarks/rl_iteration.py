@@ -70,7 +70,7 @@ class Row:
 
 
 OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--no_argmax_top1", "--draft_tokens=0",
-       "--static_cache=false", "--adapter_autocast=false", "--reuse_rollout_pass=false")
+       "--no_packed_weights", "--static_cache=false", "--adapter_autocast=false", "--reuse_rollout_pass=false")
 # Each row adds one optimisation to the row before it; the last tries the static cache, which turns drafts off.
 ROWS = (
     Row("everything off", OFF, "bytes"),
@@ -82,6 +82,8 @@ ROWS = (
     Row("+ argmax for top-1 reflections", OFF[4:], "choices"),
     # several tokens a forward pass: other matrix shapes, summed in another order
     Row("+ drafted reflections (--draft_tokens)", OFF[5:], "choices"),
+    # the reflector's products by oneDNN's kernel on weights laid out once: float32 rounds them differently
+    Row("+ packed reflector weights (--packed_weights)", OFF[6:], "choices"),
     Row("+ bf16 (--cpu_bf16)", ("--static_cache=false", "--adapter_autocast=false", "--reuse_rollout_pass=false",
                                 "--cpu_bf16", "--attn_implementation=sdpa"), "nothing", in_float32=False),
     # --attn_implementation=auto: eager attention for the trained policy in bf16 on a CPU, sdpa for the reflector

@@ -13,6 +13,7 @@ from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, pol
 from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 from utils import models
 from utils.kv_cache import PrefixKV, shared_length
+from utils.packed_weights import available as packed_weights_available
 
 # Exactness is claimed in float32 without quantisation, on any device: a CUDA machine's defaults (8-bit
 # bitsandbytes, bf16) make a row's numbers depend on the rest of its batch (LLM.int8's outlier columns).
@@ -372,6 +373,20 @@ def test_the_caches_keep_the_episodes(players, top_k):
     for ours, theirs in zip(_episodes(with_prefix), _episodes(reference), strict=True):
         assert [(d["action"], d["reflection"]) for d in ours] == [(d["action"], d["reflection"]) for d in theirs]
         assert np.allclose([d["logprob"] for d in ours], [d["logprob"] for d in theirs], atol=1e-5)
+
+
+@pytest.mark.skipif(not packed_weights_available(), reason="this torch build has no oneDNN packed product")
+def test_packed_reflector_weights_keep_the_episodes(players):
+    """--packed_weights (utils/packed_weights.py): the same choices and reflections, log-probs equal to rounding
+    (float32: another kernel), and the reflector's layers compute as before once a reflection is written."""
+    off = dict(top_k=1, reflection_memo=False)
+    plain, reference = _play_memo(players, **off)
+    packed, with_packed = _play_memo(players, **off, packed_weights=True)
+    assert plain.reflect_packed is None and len(packed.reflect_packed.packed) > 0
+    for ours, theirs in zip(_episodes(with_packed), _episodes(reference), strict=True):
+        assert [(d["action"], d["reflection"]) for d in ours] == [(d["action"], d["reflection"]) for d in theirs]
+        assert np.allclose([d["logprob"] for d in ours], [d["logprob"] for d in theirs], atol=1e-5)
+    assert not any("forward" in vars(m) for m in players[2].modules())
 
 
 def test_the_cache_flags_reach_the_rollout(players):

@@ -506,6 +506,13 @@ class RLArguments(_Group):
         "the model would have written itself (batched prompt-lookup decoding, utils/draft_decoding.py). The same "
         "text but where rounding moves a near-tie; 0: transformers' generate, one token a pass. Not with "
         "--static_cache.", (REFLECTOR, GREEDY_REFLECTIONS))
+    packed_weights: bool = _arg(
+        True, "On a CPU, multiply the frozen reflector's linear layers with copies of their weights laid out once "
+        "for oneDNN; torch lays a weight out again at every product, which for a reflection's passes of a few rows "
+        "costs as much as the product (SmolLM2 in bfloat16, 5 rows: 89 us a layer against 48, the LM head 5.5 ms "
+        "against 2.3; utils/packed_weights.py). The same logits in bfloat16 on a CPU that computes it natively; "
+        "in float32 another kernel, so equal to rounding (a near-tie may fall the other way). Costs a second copy "
+        "of those weights (--no_packed_weights: torch's product).", REFLECTOR)
     static_cache: bool = _arg(
         False, "Generate reflections into a key/value cache allocated once for the longest sequence, not grown "
         "at every token (the same reflections). Off: on a CPU it did not pay (benchmarks/rl_iteration.py).",

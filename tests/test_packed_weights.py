@@ -1,0 +1,107 @@
+"""--packed_weights (utils/packed_weights.py): the frozen reflector's linear layers multiplied with weights laid out
+once for oneDNN compute the same logits (bit for bit in bfloat16 where the CPU computes it natively, to rounding in
+float32), are repacked when the weights change, leave every other layer alone, and reach the rollout by their flag."""
+
+import pytest
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from experiment_args import cpu_native_bf16
+from utils import packed_weights
+from utils.packed_weights import PackedWeights
+
+pytestmark = pytest.mark.skipif(not packed_weights.available(), reason="this torch build has no oneDNN packed product")
+
+
+def _llama(dtype):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).to(dtype).eval().requires_grad_(False)
+
+
+def _gpt2(dtype):  # GPT-2's attention and MLP are Conv1D layers, its head an nn.Linear
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    return GPT2LMHeadModel(config).to(dtype).eval().requires_grad_(False)
+
+
+def _linears(model):
+    return [m for m in model.modules() if packed_weights.packable(m)]
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_packed_layers_compute_the_same_logits(build, dtype):
+    model = build(dtype)
+    ids = torch.randint(0, 300, (5, 9))
+    layers = _linears(model)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        packer = PackedWeights(model)
+        with packer.active():
+            packed = model(input_ids=ids).logits
+            # every linear layer goes through its packed weight (the attention and MLP layers and the head)
+            assert len(packer.packed) == len(layers) >= 2 * 4 + 1
+            assert all("forward" in vars(layer) for layer in layers)
+    assert not any("forward" in vars(m) for m in model.modules())  # the layers compute as before
+    if dtype == torch.bfloat16 and cpu_native_bf16():
+        assert torch.equal(packed, plain)  # oneDNN's own kernel either way
+    else:
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # float32: another kernel; emulated bf16 likewise
+        assert torch.allclose(packed.float(), plain.float(), atol=tolerance, rtol=0)
+
+
+def test_the_copies_follow_the_weights():
+    model = _llama(torch.float32)
+    packer = PackedWeights(model)
+    ids = torch.randint(0, 300, (3, 7))
+    with torch.no_grad():
+        with packer.active():
+            before = model(input_ids=ids).logits
+        model.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # an in-place change, as an optimiser step makes
+        plain = model(input_ids=ids).logits
+        with packer.active():
+            after = model(input_ids=ids).logits
+    assert not torch.allclose(before, plain, atol=1e-3)
+    assert torch.allclose(after, plain, atol=1e-5, rtol=0)  # packed again from the new weights
+
+
+def test_only_frozen_plain_cpu_layers_are_packed():
+    trained = nn.Linear(4, 4)  # its weight takes gradient
+    frozen = nn.Linear(4, 4).requires_grad_(False)
+    half = nn.Linear(4, 4).half().requires_grad_(False)
+    wrapped = nn.Linear(4, 4).requires_grad_(False)
+    wrapped.forward = lambda x: x  # another wrapper (an accelerate hook) owns its forward
+
+    class Quantised(nn.Linear):  # a subclass (bitsandbytes' layers are) has its own product
+        pass
+
+    quantised = Quantised(4, 4).requires_grad_(False)
+    assert [packed_weights.packable(m) for m in (trained, frozen, half, wrapped, quantised)] == [
+        False, True, False, False, False]
+
+
+def test_a_packed_layer_keeps_the_graph_where_gradient_is_asked_for():
+    layer = nn.Linear(6, 3).requires_grad_(False)
+    model = nn.Sequential(layer)
+    x = torch.randn(2, 6, requires_grad=True)
+    with PackedWeights(model).active():
+        model(x).sum().backward()  # the layer's own product: no packed kernel cuts the graph
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(2, 6))
+
+
+def test_the_flag_reaches_the_rollout():
+    from experiment_args import ScriptArguments, parse_args
+    from rollout import TwoPlayerRollout
+    from utils import models
+
+    args = ScriptArguments(model_name="tiny-gpt2", load_in_8bit=False, bf16=False)
+    policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    for flags, on in (([], True), (["--no_packed_weights"], False)):
+        args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", *flags])
+        rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
+        assert (rollout.reflect_packed is not None) is on
+        assert TwoPlayerRollout.from_args(args, policy, tokenizer).reflect_packed is None  # no reflector
