@@ -137,8 +137,8 @@ def test_rl_with_reflection_resume_and_evaluation(chain):
 
 def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
     """The reflection memo and the static cache give the same episodes byte for byte on SmolLM2; the shared-
-    prefix cache and drafted reflections the same actions and reflections, log-probs equal to rounding (see
-    tests/test_rollout.py, tests/test_draft_decoding.py)."""
+    prefix cache, drafted reflections and packed reflector weights the same actions and reflections, log-probs
+    equal to rounding (see tests/test_rollout.py, tests/test_draft_decoding.py, tests/test_packed_weights.py)."""
     import numpy as np
 
     from envs import make_env
@@ -173,7 +173,12 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
     drafting, drafted = play(**{**off, "draft_tokens": 4})
     assert drafting.stats.drafts.accepted > 0
     assert [e["decisions"] for e in drafted] == [e["decisions"] for e in reference]  # float32: byte for byte here
-    for ours, theirs in zip(prefixed, reference, strict=True):
+    # --packed_weights: float32 through oneDNN's kernel, so equal to rounding (bf16: tests/test_packed_weights.py)
+    packing, packed = play(**{**off, "packed_weights": True})
+    from utils.packed_weights import available
+
+    assert not available() or len(packing.reflect_packed.packed) > 0  # its layers went through the copies
+    for ours, theirs in zip([*prefixed, *packed], [*reference, *reference], strict=True):
         assert [(d["action"], d["reflection"]) for d in ours["decisions"]] == \
                [(d["action"], d["reflection"]) for d in theirs["decisions"]]
         assert np.allclose([d["logprob"] for d in ours["decisions"]],
