@@ -92,6 +92,19 @@ def test_a_packed_layer_keeps_the_graph_where_gradient_is_asked_for():
     assert torch.allclose(x.grad, layer.weight.sum(0).expand(2, 6))
 
 
+def test_under_autocast_a_layer_computes_as_autocast_says():
+    """--adapter_autocast runs LoRA's float32 layers under torch.autocast: they must multiply in bf16 as without
+    the packed copies, not in float32 through them."""
+    layer = nn.Linear(8, 4).requires_grad_(False)
+    model = nn.Sequential(layer)
+    x = torch.randn(3, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = model(x)
+        with PackedWeights(model).active():
+            packed = model(x)
+    assert plain.dtype == packed.dtype == torch.bfloat16 and torch.equal(packed, plain)
+
+
 def test_the_flag_reaches_the_rollout():
     from experiment_args import ScriptArguments, parse_args
     from rollout import TwoPlayerRollout

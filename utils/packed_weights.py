@@ -56,8 +56,9 @@ def packable(layer: nn.Module) -> bool:
 
 
 def _packed_forward(layer: nn.Module, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != packed.dtype or x.device.type != "cpu" or torch.is_grad_enabled() and x.requires_grad:
-        return type(layer).forward(layer, x)  # anything else takes the layer's own product
+    if (x.dtype != packed.dtype or x.device.type != "cpu" or torch.is_autocast_enabled("cpu")
+            or torch.is_grad_enabled() and x.requires_grad):
+        return type(layer).forward(layer, x)  # anything else (autocast's dtype, a graph) takes the layer's own product
     return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
 
 
