@@ -417,13 +417,14 @@ class TwoPlayerRollout:
     def _generate(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:
         """One batched, seeded generation after each prompt's token ids (cut to length already): drafted
         (:func:`utils.draft_decoding.greedy_with_drafts`) where ``--draft_tokens`` says so, else ``generate``."""
-        pad_id = self.reflect_tokenizer.pad_token_id
-        device = _device(self.reflector)
         packed = self.reflect_packed.active() if self.reflect_packed else contextlib.nullcontext()
         with models.full_head(self.reflector), packed:  # the packed layers include the full head
-            return self._generate_now(ids, seed, hints, pad_id, device)
+            return self._generate_now(ids, seed, hints)
 
-    def _generate_now(self, ids: list[list[int]], seed: int, hints: list[str | None], pad_id: int, device) -> list[str]:
+    def _generate_now(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:
+        """:meth:`_generate` with the reflector's full head (and its packed weights) in place."""
+        pad_id = self.reflect_tokenizer.pad_token_id
+        device = _device(self.reflector)
         static_len = max(map(len, ids)) + self.max_new_tokens if self.static_cache else None
         prepared = self.reflect_prefix.prepare(ids, pad_id, device, static_len=static_len) if self.reflect_prefix else None
         if prepared is None:

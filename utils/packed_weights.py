@@ -24,6 +24,7 @@ import weakref
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from utils.kv_cache import WeightsWatch
 
@@ -39,16 +40,12 @@ def available() -> bool:
 
 def _matrix(layer: nn.Module) -> torch.Tensor:
     """The layer's weight as (out, in), the layout ``nn.Linear`` keeps (GPT-2's ``Conv1D`` keeps (in, out))."""
-    from transformers.pytorch_utils import Conv1D
-
     weight = layer.weight.detach()
     return weight.t().contiguous() if isinstance(layer, Conv1D) else weight
 
 
 def packable(layer: nn.Module) -> bool:
     """A plain linear layer (not a quantised or adapter subclass) with a frozen CPU weight of a packable dtype."""
-    from transformers.pytorch_utils import Conv1D
-
     if type(layer) not in (nn.Linear, Conv1D) or "forward" in vars(layer):  # another wrapper owns its forward
         return False
     weight = layer.weight
