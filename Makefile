@@ -26,6 +26,11 @@ UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-versi
 # takes tests queued for the other (worksteal: 6m11 against 7m46 for load on 2 cores)
 PYTEST_WORKERS ?= auto
 PYTEST_ARGS ?=
+# The portable leg: the CPU-path-sensitive tests (-m cpu_path: packed weights, bf16 and autocast, the learner goldens,
+# an RL iteration with a bf16 reflector) again on the oldest x86 path the project supports, AVX2, forced on whatever
+# CPU this is by the reference path's variables (utils/cpu.py: ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2,
+# MKL_CBWR, NumPy's); tests/test_cpu.py checks that they really force it. PORTABLE_LEG=0 skips it.
+PORTABLE_LEG ?= 1
 
 .PHONY: demo test lint lock check-lock clean-venv
 
@@ -37,6 +42,8 @@ test: $(VENV)/.stamp-test
 	$(PY) lock/check.py lock/test.txt
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	@if [ "$(PORTABLE_LEG)" = 1 ]; then echo "The portable leg: the cpu_path tests on the AVX2 path"; \
+		REFLECTRL_PORTABLE_LEG=1 $(PY) -m utils.cpu $(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m cpu_path; fi
 
 lint: $(VENV)/.stamp-test
 	$(PY) -m ruff check .

@@ -50,24 +50,42 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-import yaml
+from utils import cpu
 
-from evaluation import evaluate
-from experiment_args import one_line_usage_errors, parse_args, unknown_words
-from recipes import DEFAULT, RECIPES, learners
-from recipes.base import Evaluation, Recipe
-from recipes.paper_table import markdown as beside_the_paper
-from utils import checkpoints, metrics, models
-from utils.arg_groups import SEEDS, output_folders
-from utils.errors import UsageError
-from utils.io import write_json, write_text_atomic
-from utils.paths import RESULTS_DIR
-from visualization import plot
+
+def reference_path_asked(argv: list[str]) -> bool:
+    """Whether a command line asks for the reference numerical path (utils/cpu.py): the tiny-gpt2 columns do, unless
+    ``--native_numerics``. A pretrained model takes its CPU's own path: bfloat16 where native, which the reference
+    path (oneDNN at AVX2) would emulate."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--native_numerics", action="store_true")
+    early.add_argument("--model_name")
+    known, _ = early.parse_known_args(argv)
+    return not known.native_numerics and known.model_name in (None, "tiny-gpt2")
+
+
+if __name__ == "__main__" and reference_path_asked(sys.argv[1:]):
+    cpu.pin()  # before torch, MKL, oneDNN and NumPy start: they read the path once, when they do
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from evaluation import evaluate  # noqa: E402
+from experiment_args import one_line_usage_errors, parse_args, unknown_words  # noqa: E402
+from recipes import DEFAULT, RECIPES, learners  # noqa: E402
+from recipes.base import Evaluation, Recipe  # noqa: E402
+from recipes.paper_table import markdown as beside_the_paper  # noqa: E402
+from utils import checkpoints, metrics, models  # noqa: E402
+from utils.arg_groups import SEEDS, output_folders  # noqa: E402
+from utils.errors import UsageError  # noqa: E402
+from utils.io import write_json, write_text_atomic  # noqa: E402
+from utils.paths import RESULTS_DIR  # noqa: E402
+from visualization import plot  # noqa: E402
 
 SEED = 0
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
+PROFILES = ("full", "smoke")  # --profile: the recipes' budgets, or every stage at a few steps (Recipe.smoke)
 ALL = "all"  # --task all: every recipe, and the paper's table over them
 FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
 STARTED = "started.json"  # in a seed's folder while it runs: the settings it was started with
@@ -209,12 +227,14 @@ def stage_threads(workers: int, streams: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // max(1, min(workers, streams)))
 
 
-def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[str, ...] = ()) -> dict[str, float]:
+def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[str, ...] = (),
+                     cores: int | None = None) -> dict[str, float]:
     """Run each stream's stages in order, the streams side by side in ``workers`` processes; a stage starts once
     the stages it ``needs`` have finished, in any stream (``finished``: stages run before this call).
 
-    Each process has its share of the cores, fixed by the plan (:func:`stage_threads`). When a stage fails, no
-    other one starts, those running finish, and the failure is raised."""
+    Each process has its share of the cores, fixed by the plan (:func:`stage_threads`; ``cores``: the reference
+    path's fixed count, not this machine's). When a stage fails, no other one starts, those running finish, and the
+    failure is raised."""
     known = {stage.name for stream in streams for stage in stream} | set(finished)
     for stage in (stage for stream in streams for stage in stream):
         unknown = sorted(set(stage.needs) - known)
@@ -237,14 +257,14 @@ def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[s
         return RuntimeError(f"stages wait on each other and none can start: {waiting}")
 
     if workers <= 1:
-        threads = torch.get_num_threads()
+        threads = cores or torch.get_num_threads()
         while any(pending):
             starts = ready(set())
             if not starts:
                 raise stuck()
             finish(starts[0], _run_stages([pending[starts[0]][0]], threads))
     else:
-        threads = stage_threads(workers, len(streams))
+        threads = stage_threads(workers, len(streams), cores)
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
         with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=exit_with,
                                  initargs=(os.getpid(),)) as pool:
@@ -278,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
                           "its Reflect-RL and w/o-reflection runs once per learner, results in <task>-learners/")
     cli.add_argument("--reflection", default="both", choices=learners.REFLECTION,
                      help="with --learners: each learner's runs with reflection, without, or both")
+    cli.add_argument("--profile", default="full", choices=PROFILES,
+                     help="full: the recipe's budget; smoke: every stage at a few steps, minutes of CPU (the pipeline "
+                          "checked end to end; tests/golden/demo_smoke.md is its table on the reference path)")
+    cli.add_argument("--native_numerics", action="store_true",
+                     help="compute on each library's fastest path for this CPU. By default the tiny-gpt2 columns take "
+                          "the reference numerical path (utils/cpu.py: ATen, MKL, oneDNN and NumPy at AVX2, "
+                          f"{cpu.PINNED_CORES} threads shared by the stages that run at once), so that one seed gives "
+                          "one table on any x86 CPU with AVX2; a pretrained model (--model_name) takes its CPU's path")
     cli.add_argument("--check_reflectors", nargs="+", metavar="CHECKPOINT",
                      help="train nothing: judge these SFT reflectors on validation episodes, read by the SFT policy of "
                           "--seed's finished (or stopped) run, and print a table (to choose a reflector's SFT budget)")
@@ -308,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as error:
             cli.error(str(error))
         recipes = [recipe.pretrained(options.model_name) for recipe in recipes]
+    if options.profile == "smoke":
+        recipes = [recipe.smoke() for recipe in recipes]
     if options.learners is not None:
         if options.task == ALL:
             cli.error("--learners: one column at a time (--task all compares none)")
@@ -327,12 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             cli.error(str(error))
         return 0
+    cores = numerics(reference_path_asked(list(argv or [])))
     done = []
     for recipe in recipes:
         if recipe.notice:
             say(f"{recipe.title}, on {recipe.model_label}: {recipe.notice}")
         root = column_dir(top, recipe)
-        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers) for seed in seeds}
+        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers, cores) for seed in seeds}
         report = seeds_report(recipe, runs)
         write_text_atomic(root / "results.md", report)
         write_json(root / "results.json", {str(s): r for s, r in runs.items()})
@@ -345,16 +376,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def numerics(asked: bool) -> int | None:
+    """The numerical path this run takes, said in one line: the reference one (its fixed thread count, returned) where
+    it was ``asked`` for and this process started on it (``python demo.py``: :func:`reference_path_asked`), else
+    this CPU's own (None)."""
+    say(f"CPU: {cpu.caps().describe()}")
+    if asked and cpu.pinned():
+        torch.set_num_threads(cpu.PINNED_CORES)  # this process's own work (the reflector's accuracy) too
+        say(f"numerics: the reference path ({', '.join(f'{k}={v}' for k, v in cpu.PINNED.items())}; "
+            f"{cpu.PINNED_CORES} threads shared by the stages running at once): one seed, one table on any x86 CPU "
+            "with AVX2 (--native_numerics: this CPU's fastest path)")
+        return cpu.PINNED_CORES
+    if asked:
+        say("numerics: this CPU's own path: the reference path is set when `python demo.py` starts, before torch, "
+            "and this run was started otherwise (its tables may differ from the README's in the last bits, and so "
+            "in their figures)")
+    else:
+        say("numerics: this CPU's own path (--native_numerics or a pretrained model): tables may differ from another "
+            "CPU's")
+    return None
+
+
+def numerics_setting(cores: int | None) -> dict | str:
+    """How a seed's numbers were computed, kept with its settings: a seed finished on one path is not read back
+    for a run on the other."""
+    return {"reference": cpu.PINNED, "cores": cores} if cores else "native"
+
+
 def column_dir(top: Path, recipe: Recipe) -> Path:
     """Where a column's seeds and tables go: ``top`` itself for the default one (``make demo``), else a folder."""
     return top if recipe.name == DEFAULT else top / recipe.name
 
 
-def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int) -> dict:
+def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores: int | None = None) -> dict:
     """A seed's results: read back from ``folder/finished.json`` if an earlier run of the same
     settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run."""
     done, started = folder / FINISHED, folder / STARTED
-    settings = json.loads(json.dumps(recipe.settings()))
+    settings = json.loads(json.dumps({**recipe.settings(), "numerics": numerics_setting(cores)}))
     if done.is_file():
         saved = json.loads(done.read_text(encoding="utf-8"))
         if saved.get("settings") == settings:
@@ -363,22 +421,23 @@ def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int) -> di
         say(f"seed {seed}: {done} was made with other settings; running the seed again")
     elif started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("settings") == settings:
         say(f"seed {seed}: an unfinished run with the same settings is resumed: its finished stages are kept")
-        return _run_and_keep(recipe, seed, folder, workers, settings)
+        return _run_and_keep(recipe, seed, folder, workers, settings, cores)
     if folder.exists():
         shutil.rmtree(folder)  # an outdated seed, or one of other settings, starts clean: no stale runs mix in
     folder.mkdir(parents=True)
     write_json(started, {"settings": settings})
-    return _run_and_keep(recipe, seed, folder, workers, settings)
+    return _run_and_keep(recipe, seed, folder, workers, settings, cores)
 
 
-def _run_and_keep(recipe: Recipe, seed: int, folder: Path, workers: int, settings: dict) -> dict:
-    run = run_seed(recipe, seed, folder, workers)
+def _run_and_keep(recipe: Recipe, seed: int, folder: Path, workers: int, settings: dict, cores: int | None) -> dict:
+    run = run_seed(recipe, seed, folder, workers, cores)
     write_json(folder / FINISHED, {"settings": settings, "run": run})
     return run
 
 
-def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) -> dict:
-    """The whole pipeline of ``recipe`` with training seed ``seed``; its report in ``folder/results.md``."""
+def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, cores: int | None = None) -> dict:
+    """The whole pipeline of ``recipe`` with training seed ``seed``; its report in ``folder/results.md``. ``cores``:
+    the threads the stages share (the reference path's fixed count; None: this machine's cores)."""
     data, runs, logs = folder / "data", folder / "runs", folder / "logs"
     budget, model = recipe.budget, list(recipe.model)
     timings: dict[str, float] = {}
@@ -440,13 +499,14 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
     rl_streams = [[rl_stage(name) for name in stream] for stream in recipe.rl_streams]
     tic = time.time()
     if recipe.overlap:  # RL stream i goes on where SFT stream i ends; a run starts once its SFT models are trained
-        timings.update(run_side_by_side([sft + rl for sft, rl in zip(sft_streams, rl_streams)], workers))
+        timings.update(run_side_by_side([sft + rl for sft, rl in zip(sft_streams, rl_streams)], workers,
+                                        cores=cores))
         timings["SFT and RLFT (wall)"] = time.time() - tic
     else:
-        timings.update(run_side_by_side(sft_streams, workers))
+        timings.update(run_side_by_side(sft_streams, workers, cores=cores))
         timings["SFT (wall)"] = time.time() - tic
         tic = time.time()
-        timings.update(run_side_by_side(rl_streams, workers, finished=tuple(sft_names.values())))
+        timings.update(run_side_by_side(rl_streams, workers, finished=tuple(sft_names.values()), cores=cores))
         timings["RLFT (wall)"] = time.time() - tic
     sft_dirs = {role: Path(str(sft_checkpoint(role))) for role in recipe.sft}
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
@@ -470,7 +530,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS) ->
 
         def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label, rows=evaluation.rows) -> None:
             playing = [i for i, row in enumerate(recipe.rows) if rows is None or row.name in rows]
-            found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers)
+            found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers, cores)
             for i, result in zip(playing, found):
                 results[i]["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
 
@@ -537,7 +597,7 @@ def check_reflectors(recipe: Recipe, folder: Path, reflectors: list[str]) -> str
 
 
 def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,
-                          workers: int) -> list[dict]:
+                          workers: int, cores: int | None = None) -> list[dict]:
     """Evaluate the rows ``configs`` on the held-out episodes of ``argv``, shared out over ``workers``
     processes; their results in the order of ``configs``. A row plays the same episodes with the same
     sampling randomness wherever it runs (evaluation.evaluate seeds each configuration alike)."""
@@ -557,7 +617,7 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
         streams.append([Stage(f"{label}, rows {part}/{share}", "evaluation.evaluate",
                               [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
                               logs / f"{where.name}.log", inputs=(listing.read_text(encoding="utf-8"),))])
-    run_side_by_side(streams, workers)
+    run_side_by_side(streams, workers, cores=cores)
     found = {}
     for where in folders:
         run = latest_run(where, evaluate.SCRIPT)

@@ -28,6 +28,7 @@ from typing import Literal, get_args, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 
+from utils import cpu
 from utils.arg_groups import (
     RL_SCRIPT,
     SFT_SCRIPT,
@@ -42,6 +43,7 @@ from utils.arg_groups import (
     need,
 )
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
+from utils.cpu import cpu_native_bf16  # noqa: F401  (read here, and patched here by tests)
 from utils.errors import UsageError
 from utils.io import read_input
 from utils.parity import PRESETS
@@ -115,9 +117,9 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
             wanted.append(f"optim={self.optim} (now adamw_torch)")
             self.optim = "adamw_torch"
         self.bf16 = self.cpu_bf16
-        if self.cpu_bf16 and cpu_native_bf16() is False:
-            logger.warning("--cpu_bf16: this CPU reports no native bfloat16 (avx512_bf16, amx_bf16); bfloat16 is "
-                           "emulated and likely slower than float32 here")
+        if self.cpu_bf16 and cpu_native_bf16() is False:  # said before hours are spent, not after
+            logger.warning(f"--cpu_bf16: this CPU has no native bfloat16 ({cpu.caps().describe()}); bfloat16 is "
+                           f"emulated here ({cpu.EMULATED_BF16}): without --cpu_bf16 the run computes in float32")
         if wanted:
             # Said when a model is loaded (report_cpu_fallback): steps that only call an API stay quiet.
             self._cpu_fallback = (f"No CUDA device: {', '.join(f'--{n}' for n in wanted)} turned off; the model runs "
@@ -149,15 +151,6 @@ GROUPS = (ModelArguments, OptimArguments, EnvArguments, RLArguments, CurriculumA
 
 def _cuda_available() -> bool:
     return cuda_available()
-
-
-def cpu_native_bf16() -> bool | None:
-    """Whether the CPU computes bfloat16 natively (Linux: its /proc/cpuinfo flags); None if unknown."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        return None
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def require_env(args: ScriptArguments, env: str, script: str) -> None:

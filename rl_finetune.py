@@ -55,7 +55,7 @@ def main(args) -> int:
     recorder = Recorder(args, accelerator, progress)
     envs = [make_env(args.env, **env_kwargs(args, run_dir=recorder.run_dir, labels=rollout.labels))
             for _ in range(args.per_device_eval_batch_size)]
-    play = functools.partial(rollout.run, envs, keep_passes=args.reuse_rollout_pass)
+    play = functools.partial(rollout.run, envs, keep_passes=args.keep_rollout_passes)
     panel = HeldOutPanel(args, recorder.run_dir, rollout.labels) if args.eval_steps else None
     if panel is not None and progress.iteration == 0:
         recorder.log_heldout(0, panel.evaluate(rollout))  # where the policy starts

@@ -2,11 +2,14 @@
 
     python -m benchmarks.rl_iteration [--model_name tiny-gpt2 | --model_name <SmolLM2 .gguf>]
         [--load_dir P --reflect_load_dir R] [--max_steps 6] [--out FILE.json] [--emulated_bf16] [--count_flops]
+        [--rows N ...]
 
 Every row plays the same RL iterations: Taxi pickup with reflection, ``--per_device_eval_batch_size``
 (16) episodes per iteration, greedy reflections (``--top_k 1``), and the PG learner's update after each
 iteration, from the same starting weights (loaded afresh for each row) and the same seeds. The first row
-has every optimisation off; each row after it adds one (:data:`ROWS`). Printed per row: seconds per
+has every optimisation off; the next two are what a user gets with no flag (the defaults, in float32 and with
+``--cpu_bf16``); each row after them adds one optimisation to the row before (:data:`ROWS`). The CPU's capabilities
+(utils/cpu.py) are printed with the table and kept with each row. Printed per row: seconds per
 iteration (the mean over the iterations after the first, which warms caches up) and the speed-up over the
 first row; how those seconds split (the reflector's generation, the policy's scoring pass, and the rest: the
 update and the games; ``RolloutStats.reflect_seconds`` / ``policy_seconds``); seconds and speed-up per policy
@@ -46,9 +49,11 @@ import torch
 from benchmarks.rows import own_flags, print_table, save, steady, steady_mean
 from envs import make_env
 from envs.taxi import taxi_curriculum
-from experiment_args import cpu_native_bf16, one_line_usage_errors, parse_args
+from experiment_args import one_line_usage_errors, parse_args
 from rollout import TwoPlayerRollout
+from utils import cpu
 from utils.arg_groups import cuda_available
+from utils.cpu import cpu_native_bf16
 from utils.errors import UsageError
 
 
@@ -74,6 +79,9 @@ OFF = ("--no_reflection_memo", "--no_prefix_cache", "--no_contiguous_head", "--n
 # Each row adds one optimisation to the row before it; the last tries the static cache, which turns drafts off.
 ROWS = (
     Row("everything off", OFF, "bytes"),
+    # what a user gets with no flag: every exact optimisation on (the same choices, log-probs to rounding), float32
+    Row("the defaults", (), "choices"),
+    Row("the defaults with --cpu_bf16", ("--cpu_bf16",), "nothing", in_float32=False),
     Row("+ reflection memo", OFF[1:], "bytes"),
     Row("+ shared-prefix KV cache", OFF[2:], "choices"),
     # the head's product by another kernel: float32 rounds it differently, bfloat16 gave the same logits
@@ -92,7 +100,7 @@ ROWS = (
         in_float32=False),  # float32 loads sdpa: the row above
     # the update's gradient from the rollout's own passes, kept with their graphs (the same to rounding: tests/
     # test_learners.py); the policy's prompts are then read whole
-    Row("+ the update reads the rollout's passes (--reuse_rollout_pass, off by default)",
+    Row("+ the update reads the rollout's passes (--reuse_rollout_pass, on by default on a CPU)",
         ("--static_cache=false", "--adapter_autocast=false", "--cpu_bf16", "--reuse_rollout_pass"), "nothing"),
     # LoRA's products in bf16 on float32 weights (with LoRA; on a model trained in full it changes nothing)
     Row("+ bf16 LoRA products (--adapter_autocast, off by default)",
@@ -128,7 +136,7 @@ def play_iterations(argv: list[str], count_flops: bool = False) -> dict:
                                      Accelerator(cpu=not torch.cuda.is_available()))
     play = functools.partial(rollout.run, [make_env("taxi", horizon=args.horizon or 10, labels=rollout.labels)
                                            for _ in range(args.per_device_eval_batch_size)],
-                             keep_passes=args.reuse_rollout_pass)
+                             keep_passes=args.keep_rollout_passes)
     curriculum = taxi_curriculum(args.max_steps).only(0)  # pickup
     rng = np.random.default_rng(args.seed)
     seconds, counts, episodes, reflector, policy = [], [], [], [], []
@@ -201,21 +209,28 @@ def main(argv: list[str]) -> int:
                                 "(no avx512_bf16 or amx_bf16): they then time the emulation, for hours"),
         "--count_flops": dict(action="store_true", help="count each row's floating-point operations in its first "
                               "iteration (which the means leave out; it runs slower under the counter) and print how "
-                              "near the machine's product peak each row runs, and the speed-up that peak bounds")})
+                              "near the machine's product peak each row runs, and the speed-up that peak bounds"),
+        "--rows": dict(nargs="+", type=int, metavar="N", help="play only these rows, numbered from 1 as in ROWS (1: "
+                       "everything off, 2: the defaults, 3: the defaults with --cpu_bf16, then one optimisation added "
+                       "at a time); row 1 is always played, the others are measured against it")})
     out = own.out
     skip_bf16 = not (own.emulated_bf16 or cuda_available() or cpu_native_bf16())
     defaults = ["--model_name=tiny-gpt2", "--env=taxi", "--shrink_head", "--top_k=1", "--reflect_max_new_tokens=40",
                 "--per_device_eval_batch_size=16", "--max_steps=6", "--no_use_peft", "--learning_rate=1e-4",
                 "--baseline=mean"]
+    chosen = sorted({1, *(own.rows or range(1, len(ROWS) + 1))})
+    if chosen[0] < 1 or chosen[-1] > len(ROWS):
+        raise UsageError(f"--rows: each between 1 and {len(ROWS)}, got {own.rows}")
+    print(f"CPU: {cpu.caps().describe()}", flush=True)
     results, first, skipped = [], None, []
-    for row in ROWS:
+    for row in (ROWS[n - 1] for n in chosen):
         if skip_bf16 and not row.in_float32:
             skipped.append(row.name)
             continue
         row = row.on_float32() if skip_bf16 else row
         played = play_iterations([*defaults, *argv, *row.flags], count_flops=own.count_flops)
         first = first or played
-        result = {"row": row.name, "exact": row.exact, "s_per_iteration": steady_mean(played["seconds"]),
+        result = {"row": row.name, "exact": row.exact, "cpu": cpu.caps().describe(), "s_per_iteration": steady_mean(played["seconds"]),
                   "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
                   "seconds": played["seconds"], "decisions_per_iteration": played["decisions_per_iteration"],
                   "reflect_s_per_iteration": steady_mean(played["reflect_seconds"]),
@@ -230,7 +245,7 @@ def main(argv: list[str]) -> int:
         results.append(result)
     base = results[0]["s_per_iteration"]
     print(f"\nRL iterations on Taxi pickup with reflection ({' '.join(argv) or 'tiny-gpt2'}); the mean over "
-          "iterations 2 and after\n")
+          f"iterations 2 and after; CPU: {cpu.caps().describe()}\n")
     per_decision_base = results[0]["s_per_decision"]
     print_table(["row", "s / iteration", "speed-up", "of which: reflector", "policy pass", "update, games",
                  "s / decision", "speed-up per decision", "reflection memo hits",

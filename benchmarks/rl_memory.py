@@ -50,7 +50,7 @@ def _measure(argv: list[str], batch: int) -> tuple:
     learner = LEARNERS["pg"](LearnerSettings.from_args(args), rollout.scorer, Accelerator(cpu=not torch.cuda.is_available()))
     policy, reflector = rollout.scorer.policy, rollout.reflector
     play = functools.partial(rollout.run, [make_env("taxi", horizon=10, labels=rollout.labels) for _ in range(batch)],
-                             keep_passes=args.reuse_rollout_pass)  # the update's memory, as rl_finetune.py plays
+                             keep_passes=args.keep_rollout_passes)  # the update's memory, as rl_finetune.py plays
     curriculum = taxi_curriculum(1)
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()

@@ -14,6 +14,7 @@ get, and where it departs from the paper and why. ``demo.py`` runs any recipe th
 5. the table and the curves.
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,9 @@ class Recipe:
     # What the runner says before the recipe starts, when this machine changes what to expect of it (e.g. a
     # CPU that computes in float32 where the recipe's times were measured in bfloat16); None: nothing.
     notice: str | None = None
+    # ``demo.py --profile smoke``: the recipe's own numbers (``extra``) changed for the smoke budget (a smaller data
+    # set, say); the runner's budget is shrunk alike for every recipe (:meth:`smoke`).
+    smoke_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.overlap and len(self.sft_streams) != len(self.rl_streams):
@@ -162,6 +166,29 @@ class Recipe:
     def model_label(self) -> str:
         """The base model as the reports name it: ``tiny-gpt2``, a hub id, or a file's or folder's name."""
         return Path(self.model_name).name
+
+    def scaled(self, sft_steps: dict[str, int], iterations: int, **budget) -> "Recipe":
+        """This recipe at a small budget, its pipeline and tables unchanged: ``sft_steps`` per SFT role,
+        ``iterations`` per RL variant (a curriculum run keeps its levels, each with ``iterations``), ``budget`` over
+        the runner's. Reflections are cut at 16 tokens (a reflector of a few SFT steps writes to the cap of 100, and
+        generating them would be most of the time) and SFT batches at 4."""
+        def shrunk(variant: RLVariant) -> RLVariant:
+            steps = tuple(iterations for _ in variant.level_steps)
+            return dataclasses.replace(variant, iterations=sum(steps) or iterations, level_steps=steps)
+
+        return dataclasses.replace(
+            self, sft={role: dataclasses.replace(spec, steps=sft_steps[role]) for role, spec in self.sft.items()},
+            rl={name: shrunk(variant) for name, variant in self.rl.items()}, budget=dict(self.budget, **budget),
+            model=(*self.model, "--reflect_max_new_tokens=16"),
+            sft_flags=(*self.sft_flags, "--per_device_train_batch_size=4"))  # the later flag wins
+
+    def smoke(self) -> "Recipe":
+        """Every stage at a few steps (``demo.py --profile smoke``): minutes of CPU, to check the pipeline end to end
+        (and, on the reference numerical path, that this machine gives the committed table:
+        ``tests/golden/demo_smoke.md``)."""
+        small = self.scaled({role: 4 if role == "reflector" else 2 for role in self.sft}, 2, eval_episodes=4,
+                            panel_every=1, panel_episodes=2, accuracy_episodes=2)
+        return dataclasses.replace(small, extra=self.extra | self.smoke_extra)
 
     def settings(self) -> dict:
         """Every setting of a seed's pipeline: a finished seed is reused only under the same."""

@@ -106,6 +106,7 @@ RECIPE = Recipe(
                  "full task": Evaluation(lambda data_dir: _levels(FULL, horizon=FULL_HORIZON),
                                          ((FULL, "Taxi full task"),), rows=(REFLECT_RL,))},
     budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
+    smoke_extra={"data_episodes": 20},  # demo.py --profile smoke
     extra={"data_episodes": DATA_EPISODES, "data_random_prob": DATA_RANDOM_PROB,
            "data_levels": [PICKUP, DROPOFF]},
     figures=(CurveFigure("dropoff_curves.png", "Taxi drop-off: validation success (the paper's Figure 4)",

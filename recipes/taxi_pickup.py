@@ -7,10 +7,10 @@ from pathlib import Path
 
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
-from experiment_args import cpu_native_bf16
 from recipes.accuracy import reflector_accuracy
 from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
 from utils.arg_groups import cuda_available
+from utils.cpu import cpu_native_bf16
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -77,6 +77,7 @@ RECIPE = Recipe(
     rl_streams=((REFLECT_RL,), (WITHOUT_REFLECTION, RLFT_ONLY)), rows=ROWS,
     evaluations={"held-out": Evaluation(lambda data_dir: [], (("pickup", "Taxi pickup"),))},
     budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
+    smoke_extra={"data_episodes": 20},  # demo.py --profile smoke
     extra={"data_episodes": DATA_EPISODES, "data_random_prob": DATA_RANDOM_PROB},
     departures=(
         ("oracle + random 0.5 (the paper: 0.9)", "a random-weight model cannot read the advice in 0.9's labels"),

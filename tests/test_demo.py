@@ -29,26 +29,9 @@ ROWS = [row.name for row in TAXI.rows]
 ONE_PROCESS = ("--workers", "1")
 
 
-def scaled(recipe, sft_steps: dict, iterations: int, **budget):
-    """``recipe`` with a tiny budget: its pipeline and tables unchanged. Reflections are cut at 16 tokens
-    (a reflector of a few SFT steps writes to the cap of 100, and generating them was most of the time),
-    SFT batches at 4."""
-    def shrunk(variant):  # a curriculum run keeps its levels, each with ``iterations``
-        steps = tuple(iterations for _ in variant.level_steps)
-        return dataclasses.replace(variant, iterations=sum(steps) or iterations, level_steps=steps)
-
-    return dataclasses.replace(
-        recipe, sft={role: dataclasses.replace(spec, steps=sft_steps[role]) for role, spec in recipe.sft.items()},
-        rl={name: shrunk(variant) for name, variant in recipe.rl.items()}, budget=dict(recipe.budget, **budget),
-        model=(*recipe.model, "--reflect_max_new_tokens=16"),
-        sft_flags=(*recipe.sft_flags, "--per_device_train_batch_size=4"))  # the later flag wins
-
-
 @pytest.fixture
 def small(monkeypatch):
-    recipe = scaled(TAXI, {"reflector": 4, "policy": 2, "plain": 2}, 2, eval_episodes=4, panel_every=1,
-                    panel_episodes=2, accuracy_episodes=2)
-    monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(recipe, extra=dict(TAXI.extra, data_episodes=20)))
+    monkeypatch.setitem(RECIPES, TAXI.name, TAXI.smoke())  # demo.py --profile smoke
     evaluated = []
     real = evaluate.test_episodes
 
@@ -140,7 +123,7 @@ def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, 
     """finished_or_run's bookkeeping, around a stand-in for the pipeline (the real one: the test above)."""
     ran = []
 
-    def pipeline(recipe, seed, folder, workers):
+    def pipeline(recipe, seed, folder, workers, cores=None):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "made.txt").write_text(str(len(ran)))
         ran.append((seed, recipe.budget["eval_episodes"]))
@@ -170,7 +153,7 @@ def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeyp
     a seed of other settings starts clean."""
     calls = []
 
-    def pipeline(recipe, seed, folder, workers):
+    def pipeline(recipe, seed, folder, workers, cores=None):
         calls.append(sorted(path.name for path in folder.iterdir()))
         (folder / "kept.txt").write_text("made before the failure")
         if len(calls) == 1:
@@ -189,6 +172,13 @@ def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeyp
     other = dataclasses.replace(TAXI, budget=dict(TAXI.budget, eval_episodes=2))
     demo.finished_or_run(other, 0, folder, 1)
     assert calls[-1] == [demo.STARTED]
+
+    # a seed finished on this CPU's own path is not read back for the reference path (utils/cpu.py), nor back again
+    assert len(calls) == 3
+    demo.finished_or_run(other, 0, folder, 1, cores=2)
+    demo.finished_or_run(other, 0, folder, 1, cores=2)  # read back: the same path
+    assert len(calls) == 4
+    assert json.loads((folder / demo.FINISHED).read_text())["settings"]["numerics"]["cores"] == 2
 
 
 def test_a_finished_stage_is_kept_and_a_failed_or_changed_one_runs_again(tmp_path, monkeypatch):

@@ -26,6 +26,9 @@ import rl_algorithms.refuel
 import rl_finetune
 from utils.checkpoints import run_dirs
 
+# CPU-path-sensitive: run again by make test's portable leg, on the AVX2 path (utils/cpu.py)
+pytestmark = pytest.mark.cpu_path
+
 GOLDEN = Path(__file__).parent / "golden" / "learner_runs.json"
 COMMON = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eval_batch_size=3,
               per_device_train_batch_size=4, learning_rate=1e-3, horizon=4, max_steps=3, save_steps=3, seed=7,

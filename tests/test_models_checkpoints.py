@@ -248,6 +248,7 @@ def test_a_quantised_model_is_never_trained_in_full(make_args, tmp_path):
         models.load_model_and_tokenizer(args, adapter_dir=str(whole))
 
 
+@pytest.mark.cpu_path
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
 def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
     import rl_finetune
@@ -270,6 +271,7 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
                                       per_device_eval_batch_size=2, eval_steps=0)) == 0
 
 
+@pytest.mark.cpu_path
 def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_and_gradients(make_args):
     """--adapter_autocast: over a bfloat16 base, each LoRA layer's two products read bfloat16 (peft's own path
     casts the input up to float32); the adapter's weights and their gradients stay float32, the logits stay
@@ -332,13 +334,17 @@ def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
         parse_args(["--attn_implementation=flash"])
 
 
+@pytest.mark.cpu_path
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
 def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(monkeypatch, caplog):
+    """Said when the flags are parsed, before hours are spent: with the measured cost and the way out."""
     import experiment_args
+    from utils import cpu
 
     monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: False)
     assert parse_args(["--cpu_bf16"]).bf16 is True
-    assert "emulated and likely slower" in caplog.text
+    assert "bfloat16 is emulated here" in caplog.text and cpu.EMULATED_BF16 in caplog.text
+    assert "without --cpu_bf16 the run computes in float32" in caplog.text
     caplog.clear()
     monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: True)
     parse_args(["--cpu_bf16"])

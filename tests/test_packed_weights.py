@@ -7,11 +7,12 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from experiment_args import cpu_native_bf16
 from utils import packed_weights
+from utils.cpu import cpu_native_bf16
 from utils.packed_weights import PackedWeights
 
-pytestmark = pytest.mark.skipif(not packed_weights.available(), reason="this torch build has no oneDNN packed product")
+pytestmark = [pytest.mark.skipif(not packed_weights.available(), reason="this torch build has no oneDNN packed product"),
+              pytest.mark.cpu_path]  # run again by make test's portable leg, on the AVX2 path (utils/cpu.py)
 
 
 def _llama(dtype):
@@ -34,23 +35,58 @@ def _linears(model):
 @pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama", "gpt2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_packed_layers_compute_the_same_logits(build, dtype):
+    """On every CPU: where oneDNN cannot pack bfloat16 (AVX2 only, or the portable leg's forced AVX2 path), the
+    bfloat16 layers keep torch's product, and the logits are torch's, bit for bit."""
     model = build(dtype)
     ids = torch.randint(0, 300, (5, 9))
     layers = _linears(model)
+    packs = dtype == torch.float32 or packed_weights.bf16_packable()
     with torch.no_grad():
         plain = model(input_ids=ids).logits
         packer = PackedWeights(model)
         with packer.active():
             packed = model(input_ids=ids).logits
-            # every linear layer goes through its packed weight (the attention and MLP layers and the head)
-            assert len(packer.packed) == len(layers) >= 2 * 4 + 1
-            assert all("forward" in vars(layer) for layer in layers)
+            # every linear layer goes through its packed weight (the attention and MLP layers and the head) ...
+            assert len(layers) >= 2 * 4 + 1
+            assert len(packer.packed) == (len(layers) if packs else 0)
+            assert all(("forward" in vars(layer)) is packs for layer in layers)  # ... where this CPU packs them
     assert not any("forward" in vars(m) for m in model.modules())  # the layers compute as before
-    if dtype == torch.bfloat16 and cpu_native_bf16():
-        assert torch.equal(packed, plain)  # oneDNN's own kernel either way
+    if dtype == torch.bfloat16 and (cpu_native_bf16() or not packs):
+        assert torch.equal(packed, plain)  # oneDNN's own kernel either way, or torch's product itself
     else:
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # float32: another kernel; emulated bf16 likewise
         assert torch.allclose(packed.float(), plain.float(), atol=tolerance, rtol=0)
+
+
+def test_where_onednn_cannot_pack_bfloat16_its_layers_keep_torchs_product_said_once(monkeypatch, caplog):
+    """An AVX2-only CPU: oneDNN's bfloat16 reorder would raise ("bf16 path needs the cpu support avx_ne_convert or
+    avx512bw, avx512vl and avx512dq"). It is never asked: the bfloat16 layers keep torch's product, float32 layers
+    are packed as anywhere, and the fallback is said once, in one line."""
+    from utils import cpu
+
+    monkeypatch.setattr(packed_weights, "bf16_packable", lambda: False)
+    monkeypatch.setattr(cpu, "_said", set())
+
+    def refused(weight):
+        assert weight.dtype != torch.bfloat16, "asked oneDNN to pack a bfloat16 weight"
+        return real(weight)
+
+    real = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(packed_weights, "_reorder", refused)
+    half, full = nn.Linear(8, 4).bfloat16().requires_grad_(False), nn.Linear(8, 4).requires_grad_(False)
+    model = nn.ModuleDict({"bf16": half, "fp32": full})
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        plain = half(x.bfloat16()), full(x)
+        packer = PackedWeights(model)
+        for _ in range(2):
+            with packer.active():
+                assert "forward" not in vars(half) and "forward" in vars(full)
+                assert torch.equal(half(x.bfloat16()), plain[0])
+                assert torch.allclose(full(x), plain[1], atol=1e-6)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("packed weights:")]
+    assert len(said) == 1 and "\n" not in said[0] and "torch's product" in said[0]
+    assert list(packer.packed.keys()) == [full]
 
 
 def test_the_copies_follow_the_weights():

@@ -57,11 +57,11 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
     held-out repository, each depth at least its minimum of episodes, the reflector's accuracy. The tasks
     and their split do not depend on the training seed; the trajectories do."""
     from recipes import auto_explore
-    from tests.test_demo import ONE_PROCESS, scaled
+    from tests.test_demo import ONE_PROCESS
 
     recipe = RECIPES["auto_explore"]
     # the validation panel (44 tasks) at the first iteration only: at every other it was most of RL's episodes
-    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=4,
+    small = recipe.scaled({role: 2 for role in recipe.sft}, 2, eval_level_episodes=6, panel_every=4,
                    accuracy_episodes=1, eval_batch=8)
     # the held-out repository's tasks once each, not GENERALISATION_REPS times (its 35 tasks x 6 rows, 4 times,
     # were 2 of this test's 8 minutes)
@@ -131,11 +131,11 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
     only; every run's panel plays drop-off validation episodes; every row is judged on drop-off and Reflect-RL
     also on the full task; the final episodes are apart from training's and the panel's."""
     from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
-    from tests.test_demo import ONE_PROCESS, scaled
+    from tests.test_demo import ONE_PROCESS
     from utils import checkpoints, metrics
 
     recipe = RECIPES["taxi_dropoff"]
-    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_episodes=4, panel_every=1, panel_episodes=2,
+    small = recipe.scaled({role: 2 for role in recipe.sft}, 2, eval_episodes=4, panel_every=1, panel_episodes=2,
                    accuracy_episodes=2)
     monkeypatch.setitem(RECIPES, recipe.name, dataclasses.replace(small, extra=dict(recipe.extra, data_episodes=10)))
     assert demo.main(["--task", "taxi_dropoff", f"--ckpt_path={tmp_path}", "--seed", "1", *ONE_PROCESS]) == 0
@@ -261,7 +261,7 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
 
     from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
     from tests.conftest import HANDMADE_GAME as fixture
-    from tests.test_demo import ONE_PROCESS, scaled
+    from tests.test_demo import ONE_PROCESS
     from utils import checkpoints
 
     if importlib.util.find_spec("alfworld") is None:
@@ -271,7 +271,7 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
                          ("valid_unseen", "trial_d"), ("valid_train", "trial_e")):
         shutil.copytree(fixture, root / split / fixture.parent.name / trial)
     recipe = RECIPES["alfworld"]
-    small = scaled(recipe, {role: 2 for role in recipe.sft}, 2, eval_level_episodes=3, panel_every=1,
+    small = recipe.scaled({role: 2 for role in recipe.sft}, 2, eval_level_episodes=3, panel_every=1,
                    panel_episodes=1, rl_batch=2, rl_replay=1, eval_batch=3)
     task = tuple(f"--alfworld_data={root}" if flag.startswith("--alfworld_data") else
                  "--horizon=6" if flag.startswith("--horizon") else flag for flag in recipe.task)

@@ -256,21 +256,35 @@ def test_held_out_panel_leaves_training_unchanged(make_args, tmp_path):
 
 
 def test_reuse_rollout_pass_reaches_the_update_and_trains_as_reading_again(make_args, tmp_path, monkeypatch):
-    """``--reuse_rollout_pass`` through the loop: every update takes the rollout's passes, and the run plays the
-    same episodes as one that reads its prompts again (float32: log-probs equal to rounding)."""
+    """``--reuse_rollout_pass`` through the loop (on by default on a CPU): every update takes the rollout's passes,
+    and the run plays the same episodes as one that reads its prompts again (float32: log-probs equal to
+    rounding)."""
     from rollout import KeptPasses
 
     taken = []
     take = KeptPasses.take
     monkeypatch.setattr(KeptPasses, "take", lambda self, decisions: taken.append(take(self, decisions)) or taken[-1])
     common = {**FAST, "max_steps": 3, "save_steps": 3, "load_in_8bit": False, "bf16": False}
-    assert rl_finetune.main(make_args(**common)) == 0
+    assert rl_finetune.main(make_args(**common, reuse_rollout_pass=False)) == 0
     assert len(taken) == 3 and not any(taken)
     taken.clear()
-    assert rl_finetune.main(make_args(**common, reuse_rollout_pass=True)) == 0
-    assert len(taken) == 3 and all(taken)  # each iteration's fresh decisions, from the rollout's passes
+    assert rl_finetune.main(make_args(**common)) == 0  # the default
+    assert len(taken) == 3 and all(taken) == (not torch.cuda.is_available())  # each iteration's fresh decisions
     logs = [[json.loads(line) for line in (run / "checkpoint-3" / "episodes.jsonl").read_text().splitlines()]
             for run in _runs(tmp_path)]
     steps = [[s for e in log for s in e["steps"]] for log in logs]
     assert [s["label"] for s in steps[0]] == [s["label"] for s in steps[1]]
     assert [s["logprob"] for s in steps[0]] == pytest.approx([s["logprob"] for s in steps[1]], abs=1e-5)
+
+
+@pytest.mark.parametrize(("flags", "cuda", "keeps"), [
+    ({}, False, True), ({}, True, False),  # auto: on a CPU; off on CUDA, for a large model's activations
+    ({"trainer": "refuel"}, False, False), ({"baseline": "critic"}, False, False),  # they read other passes
+    ({"reuse_rollout_pass": False}, False, False), ({"reuse_rollout_pass": True}, True, True)])  # as given
+def test_reuse_rollout_pass_is_on_by_default_where_it_applies_on_a_cpu(make_args, monkeypatch, flags, cuda, keeps):
+    from utils import arg_groups
+
+    monkeypatch.setattr(arg_groups, "cuda_available", lambda: cuda)
+    args = make_args(**flags)
+    assert args.keep_rollout_passes is keeps
+    assert args.reuse_rollout_pass is flags.get("reuse_rollout_pass")  # the setting itself stays as given

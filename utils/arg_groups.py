@@ -545,13 +545,15 @@ class RLArguments(_Group):
     entropy_coef: float = _arg(
         0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
         "per episode like the loss (the paper: 0, off).", PG_OR_PPO)
-    reuse_rollout_pass: bool = _arg(
-        False, "RL: the policy's forward passes in the training rollout keep their autograd graphs, and the update "
+    reuse_rollout_pass: bool | None = _arg(
+        None, "RL: the policy's forward passes in the training rollout keep their autograd graphs, and the update "
         "reads the fresh episodes' log-probs from them instead of reading every prompt again, so an iteration "
         "saves a forward pass over its decisions (the same gradient, to rounding; replayed episodes are read "
-        "again). The rollout then reads the policy's prompts whole (no --prefix_cache), and the activations of "
-        "the iteration's policy passes are held until the update: off by default, for the memory of a large "
-        "model on a GPU. Not with --baseline critic or --trainer refuel, which read other passes.", ONLY_RL)
+        "again; benchmarks/rl_iteration.py measures it). The "
+        "rollout then reads the policy's prompts whole (no --prefix_cache), and the activations of the "
+        "iteration's policy passes are held until the update. Default (auto): on a CPU wherever it applies; off on "
+        "CUDA, for the memory of a large model, and with --baseline critic or --trainer refuel, which read other "
+        "passes (given explicitly there, it is refused).", ONLY_RL)
     resume_from: str | None = _arg(
         None, "RL checkpoint directory to continue from, exactly where it stopped.")
 
@@ -587,6 +589,13 @@ class RLArguments(_Group):
              "and a critic reads hidden states the rollout does not keep")
         need(0.0 <= self.gigpo_gamma <= 1.0, "gigpo_gamma", f"must be in [0, 1], got {self.gigpo_gamma}")
         super().__post_init__()
+
+    @property
+    def keep_rollout_passes(self) -> bool:
+        """``--reuse_rollout_pass`` settled: as given, or (auto) on a CPU wherever the update reads the passes."""
+        if self.reuse_rollout_pass is not None:
+            return self.reuse_rollout_pass
+        return self.trainer != "refuel" and self.baseline != "critic" and not cuda_available()
 
 
 @dataclass

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from prompts import LABELS, check_label_file, label_alphabet, label_token_ids
+from utils import cpu
 from utils.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,16 @@ def compute_dtype(args) -> torch.dtype:
     if args.fp16:
         return torch.float16
     return torch.float32
+
+
+def say_compute(dtype: torch.dtype) -> None:
+    """The line a command that loads a model starts with, once per process: its device and dtype, and on a CPU the
+    capabilities that decide its speed (utils/cpu.py), with the cost of bfloat16 where the CPU emulates it."""
+    where = device()
+    name = torch.cuda.get_device_name(where) if where.type == "cuda" else ""
+    level = logging.WARNING if dtype == torch.bfloat16 and where.type == "cpu" and cpu.cpu_native_bf16() is False \
+        else logging.INFO
+    cpu.say_once(cpu.compute_line(str(dtype).removeprefix("torch."), where.type, name), level)
 
 
 def attention_kernel(args, trainable: bool) -> str | None:
@@ -268,6 +279,7 @@ def load_model_and_tokenizer(
                          "quantised weights take no gradient; add --no_load_in_8bit (and no --load_in_4bit), or "
                          "train a LoRA adapter (--use_peft)")
     kwargs: dict[str, Any] = {"dtype": compute_dtype(args)}
+    say_compute(kwargs["dtype"])
     if attention := attention_kernel(args, trainable):
         kwargs["attn_implementation"] = attention
     if quantized:

@@ -14,6 +14,10 @@ CPU that computes bfloat16 natively (``tests/test_packed_weights.py``). In float
 library's kernel, so the logits differ by rounding (about 1e-4 on SmolLM2) and a greedy reflection can differ
 where two top logits nearly tie. The price is a second copy of the layers' weights in memory. No gradient
 flows through a packed layer: it is for frozen models under ``torch.no_grad``, on the CPU.
+
+oneDNN packs bfloat16 weights only where it has bfloat16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT, as torch's
+own check says, under any ``ONEDNN_MAX_CPU_ISA`` cap): elsewhere (an AVX2-only CPU) the bfloat16 layers keep torch's
+product, said once, and float32 layers are packed as anywhere.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from utils import cpu
 from utils.kv_cache import WeightsWatch
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -36,6 +41,13 @@ def available() -> bool:
     mkldnn = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
             and hasattr(mkldnn, "_linear_pointwise"))
+
+
+def bf16_packable() -> bool:
+    """Whether oneDNN packs bfloat16 weights on this CPU (torch's own check, which follows ``ONEDNN_MAX_CPU_ISA``);
+    where it does not, its reorder raises "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and
+    avx512dq"."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _matrix(layer: nn.Module) -> torch.Tensor:
@@ -50,6 +62,22 @@ def packable(layer: nn.Module) -> bool:
         return False
     weight = layer.weight
     return weight.device.type == "cpu" and weight.dtype in DTYPES and not weight.requires_grad
+
+
+def _unpackable_bf16(layers: list[nn.Module]) -> list[nn.Module]:
+    """The bfloat16 layers of ``layers`` where this CPU cannot pack them (said once per process)."""
+    bf16 = [layer for layer in layers if layer.weight.dtype == torch.bfloat16]
+    if not bf16 or bf16_packable():
+        return []
+    found = cpu.caps()
+    cpu.say_once(f"packed weights: bfloat16 needs oneDNN's AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT kernels (this CPU: "
+                 f"{found.describe()}); the bfloat16 layers use torch's product")
+    return bf16
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` laid out once for oneDNN's product."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight)
 
 
 def _packed_forward(layer: nn.Module, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -74,9 +102,11 @@ class PackedWeights:
         if self.watch.changed():
             self.packed.clear()  # the weights moved: every copy is stale
         layers = [layer for layer in self.model.modules() if packable(layer)]
+        unpackable = set(_unpackable_bf16(layers))
+        layers = [layer for layer in layers if layer not in unpackable]
         for layer in layers:
             if layer not in self.packed:
-                self.packed[layer] = torch.ops.mkldnn._reorder_linear_weight(_matrix(layer))
+                self.packed[layer] = _reorder(_matrix(layer))
             layer.forward = functools.partial(_packed_forward, layer, self.packed[layer])
         try:
             yield self.model
