@@ -28,7 +28,6 @@ from typing import Literal, get_args, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 
-from utils import cpu
 from utils.arg_groups import (
     RL_SCRIPT,
     SFT_SCRIPT,
@@ -43,7 +42,6 @@ from utils.arg_groups import (
     need,
 )
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
-from utils.cpu import cpu_native_bf16  # noqa: F401  (read here, and patched here by tests)
 from utils.errors import UsageError
 from utils.io import read_input
 from utils.parity import PRESETS
@@ -117,9 +115,6 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
             wanted.append(f"optim={self.optim} (now adamw_torch)")
             self.optim = "adamw_torch"
         self.bf16 = self.cpu_bf16
-        if self.cpu_bf16 and cpu_native_bf16() is False:  # said before hours are spent, not after
-            logger.warning(f"--cpu_bf16: this CPU has no native bfloat16 ({cpu.caps().describe()}); bfloat16 is "
-                           f"emulated here ({cpu.EMULATED_BF16}): without --cpu_bf16 the run computes in float32")
         if wanted:
             # Said when a model is loaded (report_cpu_fallback): steps that only call an API stay quiet.
             self._cpu_fallback = (f"No CUDA device: {', '.join(f'--{n}' for n in wanted)} turned off; the model runs "

@@ -260,7 +260,7 @@ def main(argv: list[str]) -> int:
     if own.count_flops:
         print_arithmetic(results)
     if skipped:
-        print(f"\nNo native bfloat16 was found on this CPU (avx512_bf16 or amx_bf16 in /proc/cpuinfo): the later "
+        print(f"\nNo native bfloat16 was found on this CPU ({cpu.caps().describe()}; utils/cpu.py): the later "
               f"rows ran in float32, named so, and those about bf16 itself were skipped (--emulated_bf16 runs every "
               f"row as it is): {'; '.join(skipped)}")
     save(out, [*results, *({"row": name, "skipped": SKIPPED_BF16} for name in skipped)])

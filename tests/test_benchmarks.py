@@ -127,3 +127,26 @@ def test_the_counter_counts_attention_on_a_cpu_as_written_out():
     assert total["eager", "benchmark"] == total["eager", "plain"]
     assert forward["sdpa", "benchmark"] > 0 and total["sdpa", "plain"] < total["eager", "plain"]  # attention missed
     assert total["sdpa", "benchmark"] == total["eager", "plain"] + forward["sdpa", "benchmark"] // 2
+
+
+def test_the_defaults_are_played_beside_everything_off_with_the_cpu_said(played, monkeypatch, tmp_path, capsys):
+    """Rows 2 and 3 are what a user gets with no flag (in float32, and with --cpu_bf16); --rows plays some rows only,
+    row 1 always (the others are measured against it); the CPU's capabilities are printed and kept with each row."""
+    from utils import cpu
+
+    monkeypatch.setattr(rl_iteration, "cpu_native_bf16", lambda: True)
+    assert [row.flags for row in rl_iteration.ROWS[1:3]] == [(), ("--cpu_bf16",)]
+    assert rl_iteration.main(["--rows", "2", "3", "--out", str(tmp_path / "rows.json")]) == 0
+    assert len(played) == 3 and not set(rl_iteration.OFF) & set(played[1])  # the defaults: no optimisation off
+    assert played[2] == [*played[1], "--cpu_bf16"]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["row"] for r in rows] == ["everything off", "the defaults", "the defaults with --cpu_bf16"]
+    assert all(r["cpu"] == cpu.caps().describe() for r in rows)
+    assert f"CPU: {cpu.caps().describe()}" in capsys.readouterr().out
+
+
+def test_rows_out_of_range_are_refused_in_one_line(played, capsys):
+    from experiment_args import one_line_usage_errors
+
+    assert one_line_usage_errors("rl_iteration", rl_iteration.main, ["--rows", "0"]) == 2
+    assert "--rows: each between 1 and" in capsys.readouterr().err and not played

@@ -336,19 +336,23 @@ def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
 
 @pytest.mark.cpu_path
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
-def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(monkeypatch, caplog):
-    """Said when the flags are parsed, before hours are spent: with the measured cost and the way out."""
-    import experiment_args
+def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(make_args, monkeypatch, caplog):
+    """Said when the model loads, before hours are spent: with the measured cost and the way out, once."""
     from utils import cpu
 
-    monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: False)
-    assert parse_args(["--cpu_bf16"]).bf16 is True
-    assert "bfloat16 is emulated here" in caplog.text and cpu.EMULATED_BF16 in caplog.text
-    assert "without --cpu_bf16 the run computes in float32" in caplog.text
+    monkeypatch.setattr(cpu, "_said", set())
+    monkeypatch.setattr(cpu, "caps", lambda: cpu.probe({}, (frozenset({"avx2", "fma"}), "an AVX2 CPU")))
+    for _ in range(2):
+        models.load_model_and_tokenizer(make_args(cpu_bf16=True), trainable=False)
+    said = [r for r in caplog.records if "emulated" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"
+    assert cpu.EMULATED_BF16 in said[0].getMessage() and "float32 (no --cpu_bf16)" in said[0].getMessage()
     caplog.clear()
-    monkeypatch.setattr(experiment_args, "cpu_native_bf16", lambda: True)
-    parse_args(["--cpu_bf16"])
+    monkeypatch.setattr(cpu, "caps", lambda: cpu.probe({}, (frozenset({"avx2", "fma", "avx512f", "avx512bw",
+                                                                       "avx512vl", "avx512dq", "avx512_bf16"}), "")))
+    models.load_model_and_tokenizer(make_args(cpu_bf16=True), trainable=False)
     assert "emulated" not in caplog.text
+
 
 
 def test_a_third_party_line_said_at_every_product_is_said_once(caplog):
