@@ -150,3 +150,32 @@ def test_rows_out_of_range_are_refused_in_one_line(played, capsys):
 
     assert one_line_usage_errors("rl_iteration", rl_iteration.main, ["--rows", "0"]) == 2
     assert "--rows: each between 1 and" in capsys.readouterr().err and not played
+
+
+def test_the_reference_path_benchmark_plays_each_workload_on_both_paths_in_turn(monkeypatch, tmp_path, capsys):
+    from benchmarks import reference_path
+
+    calls = []
+
+    def timed(command, field, row, reference, threads):
+        calls.append((command[0], reference))
+        return 1.25 if reference else 1.0
+
+    monkeypatch.setattr(reference_path, "timed", timed)
+    assert reference_path.main(["--rounds", "2", "--out", str(tmp_path / "rows.json")]) == 0
+    assert calls == [("benchmarks.sft_step", False), ("benchmarks.sft_step", True),  # each path first in turn
+                     ("benchmarks.sft_step", True), ("benchmarks.sft_step", False),
+                     ("benchmarks.rl_iteration", False), ("benchmarks.rl_iteration", True),
+                     ("benchmarks.rl_iteration", True), ("benchmarks.rl_iteration", False)]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [round(r["cost"], 6) for r in rows] == [0.25, 0.25] and "+25%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_reference_path_run_reads_its_workloads_seconds(reference):
+    """One real run of each path: the process starts on the path asked for, and its row's seconds are read back."""
+    from benchmarks import reference_path
+
+    command = ["benchmarks.rl_iteration", "--rows", "2", "--max_steps=2", "--per_device_eval_batch_size=2",
+               "--reflect_max_new_tokens=4"]
+    assert reference_path.timed(command, "s_per_iteration", 1, reference, threads=1) > 0
