@@ -7,6 +7,7 @@
     python demo.py --task all --seeds 0 1 2   # every column, then the paper's table beside ours
     python demo.py --learners pg ppo refuel rloo grpo gigpo --seeds 0 1 2   # the RL learners side by side
     python demo.py --task taxi_dropoff --seed 0 --check_reflectors CKPT ...   # reflectors on validation episodes
+    python demo.py --profile smoke        # every stage at a few steps: the pipeline end to end in about 25 s
 
 A recipe (``recipes/``) holds a column's budget and its departures from the paper with their
 reasons. Per training seed the runner plays it the same way for every column:
@@ -27,6 +28,10 @@ A seed that finished with the same settings is read back from its ``finished.jso
 so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds. A seed that stopped part-way (killed, or a stage
 failed) resumes with the same settings: its data and every stage that finished (``logs/<stage>.done.json``)
 are kept, and the rest runs again.
+
+The tiny-gpt2 columns compute on the reference numerical path (utils/cpu.py), set before torch starts, so that one
+seed gives one table on any x86 CPU with AVX2 (``--native_numerics``: the CPU's own path; a pretrained model always
+takes it).
 
 Everything lands in ``results/demo/`` (Taxi pickup) or ``results/demo/<task>/`` (``--ckpt_path DIR``:
 ``DIR/demo/...``): ``seed-N/`` per seed, and ``results.md`` over the seeds. The model is the offline

@@ -66,7 +66,6 @@ def main(argv: list[str]) -> int:
         if getattr(own, name) < (2 if name in ("sft_steps", "rl_iterations") else 1):
             refuse(PROG, f"--{name}: at least {2 if name in ('sft_steps', 'rl_iterations') else 1}, "
                          f"got {getattr(own, name)}")
-    print(f"CPU: {cpu.caps().describe()}", flush=True)
     results = []
     for name, (command, field, row) in workloads(own.sft_steps, own.rl_iterations).items():
         seconds: dict[bool, list[float]] = {False: [], True: []}

@@ -221,7 +221,6 @@ def main(argv: list[str]) -> int:
     chosen = sorted({1, *(own.rows or range(1, len(ROWS) + 1))})
     if chosen[0] < 1 or chosen[-1] > len(ROWS):
         raise UsageError(f"--rows: each between 1 and {len(ROWS)}, got {own.rows}")
-    print(f"CPU: {cpu.caps().describe()}", flush=True)
     results, first, skipped = [], None, []
     for row in (ROWS[n - 1] for n in chosen):
         if skip_bf16 and not row.in_float32:

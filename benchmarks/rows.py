@@ -9,6 +9,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from utils import cpu
 from utils.io import write_json
 
 
@@ -18,6 +19,7 @@ def own_flags(argv: list[str], prog: str, doc: str, flags: dict[str, dict] | Non
     ``--out FILE.json`` (or ``--out=FILE.json``; not with ``out=False``) and ``flags`` (flag -> the keywords of
     ``add_argument``). No abbreviations: a shared flag's prefix is never taken for one of these.
 
+    Unless asked for help, the CPU's capabilities are printed first (every benchmark's timings depend on them).
     ``--out``'s folder is made now: a name that cannot be written (none given, a folder, a folder that cannot be
     made) ends the program with one line and status 2 before the benchmark runs, not after. With ``--help``,
     ``doc`` (the module's docstring) and these flags are printed before the shared flags' help."""
@@ -36,6 +38,8 @@ def own_flags(argv: list[str], prog: str, doc: str, flags: dict[str, dict] | Non
     if "-h" in rest or "--help" in rest:
         own.print_help()
         print()
+    else:  # what the timings depend on, before them (utils/cpu.py)
+        print(f"CPU: {cpu.caps().describe()}", flush=True)
     if out and options.out is not None:
         path = options.out = Path(options.out)
         if path.is_dir():  # --out= is "." too
