@@ -69,8 +69,13 @@ def reference_path_asked(argv: list[str]) -> bool:
     return not known.native_numerics and known.model_name in (None, "tiny-gpt2")
 
 
+# Whether this process is `python demo.py` on the reference path, set by itself before torch started: only then are
+# its threads (and its stage processes') the path's. A run started in another process (a test calling main) keeps
+# that process's threads, whatever its environment says.
+STARTED_ON_REFERENCE_PATH = False
 if __name__ == "__main__" and reference_path_asked(sys.argv[1:]):
     cpu.pin()  # before torch, MKL, oneDNN and NumPy start: they read the path once, when they do
+    STARTED_ON_REFERENCE_PATH = True
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -386,7 +391,7 @@ def numerics(asked: bool) -> int | None:
     it was ``asked`` for and this process started on it (``python demo.py``: :func:`reference_path_asked`), else
     this CPU's own (None)."""
     say(f"CPU: {cpu.caps().describe()}")
-    if asked and cpu.pinned():
+    if asked and STARTED_ON_REFERENCE_PATH and cpu.pinned():
         torch.set_num_threads(cpu.PINNED_CORES)  # this process's own work (the reflector's accuracy) too
         say(f"numerics: the reference path ({', '.join(f'{k}={v}' for k, v in cpu.PINNED.items())}; "
             f"{cpu.PINNED_CORES} threads shared by the stages running at once): one seed, one table on any x86 CPU "

@@ -59,3 +59,24 @@ def test_the_demo_takes_the_reference_path_unless_told_otherwise():
     assert demo.reference_path_asked([]) and demo.reference_path_asked(["--model_name", "tiny-gpt2", "--seed", "1"])
     assert not demo.reference_path_asked(["--native_numerics"])
     assert not demo.reference_path_asked(["--model_name=SmolLM2.gguf"])  # bfloat16 where native: its own path
+
+
+def test_only_a_demo_started_on_the_reference_path_fixes_its_threads(monkeypatch):
+    """A run started in this process (a test calling main), whose environment holds the path's variables (make test's
+    portable leg), keeps this process's threads: setting them would hold every later test in it to them. Only
+    ``python demo.py``, which set the path before torch started, takes the path's fixed thread count."""
+    import torch
+
+    import demo
+    from utils import cpu
+
+    for name, value in cpu.PINNED.items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    assert demo.numerics(True) is None and torch.get_num_threads() == threads
+    monkeypatch.setattr(demo, "STARTED_ON_REFERENCE_PATH", True)
+    try:
+        assert demo.numerics(True) == cpu.PINNED_CORES == torch.get_num_threads()
+        assert demo.numerics(False) is None  # --native_numerics, or a pretrained model
+    finally:
+        torch.set_num_threads(threads)
