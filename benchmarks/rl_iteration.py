@@ -229,7 +229,8 @@ def main(argv: list[str]) -> int:
         row = row.on_float32() if skip_bf16 else row
         played = play_iterations([*defaults, *argv, *row.flags], count_flops=own.count_flops)
         first = first or played
-        result = {"row": row.name, "exact": row.exact, "cpu": cpu.caps().describe(), "s_per_iteration": steady_mean(played["seconds"]),
+        result = {"row": row.name, "exact": row.exact, "cpu": cpu.caps().describe(),
+                  "s_per_iteration": steady_mean(played["seconds"]),
                   "s_per_decision": per_decision(played["seconds"], played["decisions_per_iteration"]),
                   "seconds": played["seconds"], "decisions_per_iteration": played["decisions_per_iteration"],
                   "reflect_s_per_iteration": steady_mean(played["reflect_seconds"]),

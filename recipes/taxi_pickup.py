@@ -131,8 +131,7 @@ PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": PRETRAINED_LEARNING_RATE, "pa
 # amx_bf16), the policies' 28-31 s on the other core.
 FLOAT32_NOTICE = (
     "no native bfloat16 found on this CPU (avx512_bf16 or amx_bf16, as oneDNN sees it: utils/cpu.py), so the recipe "
-    "computes in "
-    "float32, several times slower than in the bfloat16 it was timed in: on a 2-core CPU with AVX2 only an SFT step of "
+    "computes in float32, several times slower than in the bfloat16 it was timed in: on a 2-core CPU with AVX2 only an SFT step of "
     f"the reflector took about 27 s (5.6 s in bfloat16), so its {PRETRAINED_REFLECTOR_STEPS} steps alone take about 3 "
     "hours, where a whole seed took 72 minutes in bfloat16. A GPU, or a CPU with avx512_bf16 or amx_bf16, runs it in "
     "the README's time")

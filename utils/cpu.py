@@ -24,6 +24,7 @@ import functools
 import logging
 import os
 import platform
+import sys
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -80,8 +81,7 @@ class Caps:
     @property
     def level(self) -> str | None:
         """The oldest path any library takes here: what this CPU is, for the code that runs on it."""
-        known = [level for level in (self.onednn, self.aten) if level is not None]
-        return min(known, key=LEVELS.index) if known else None
+        return _oldest(self.onednn, self.aten)
 
     def describe(self) -> str:
         """The CPU's relevant capabilities in a few words, e.g. ``avx2 avx512 avx512_bf16, no amx (AMD EPYC)``, and
@@ -102,10 +102,10 @@ def _at_least(level: str | None, other: str) -> bool:
     return level is not None and LEVELS.index(level) >= LEVELS.index(other)
 
 
-def _lower(level: str | None, cap: str | None) -> str | None:
-    if level is None or cap is None:
-        return level if cap is None else cap
-    return min(level, cap, key=LEVELS.index)
+def _oldest(*levels: str | None) -> str | None:
+    """The oldest of the known ``levels`` (None: unknown, or no cap); None if none is known."""
+    known = [level for level in levels if level is not None]
+    return min(known, key=LEVELS.index) if known else None
 
 
 def level_of(flags: frozenset[str]) -> str:
@@ -143,8 +143,8 @@ def probe(environ: dict | os._Environ = os.environ, cpuinfo: tuple[frozenset[str
     onednn_cap = _ONEDNN_CAP.get(onednn_value)
     aten_value = (environ.get("ATEN_CPU_CAPABILITY") or "").strip().lower()
     aten_cap = _ATEN_CAP.get(aten_value)
-    onednn = _lower(native, onednn_cap)
-    aten = _lower(native, aten_cap)
+    onednn = _oldest(native, onednn_cap)
+    aten = _oldest(native, aten_cap)
     if onednn_cap is not None and onednn != native:
         capped.append(f"ONEDNN_MAX_CPU_ISA={onednn_value}")
     if aten_cap is not None and aten != native:
@@ -204,18 +204,9 @@ def pin(environ: dict | os._Environ = os.environ) -> list[str]:
     return changed
 
 
-def torch_started() -> bool:
-    """Whether torch (and with it MKL and oneDNN) is imported in this process already: too late to pin it."""
-    import sys
-
-    return "torch" in sys.modules
-
-
 def main(argv: list[str]) -> int:
     """``python -m utils.cpu``: this CPU as the kernels see it, and the reference path's variables.
     ``python -m utils.cpu COMMAND ...``: run COMMAND on the reference path (make test's portable leg)."""
-    import sys
-
     if argv in ([], ["-h"], ["--help"]):
         found = caps()
         print(f"this CPU: {found.describe()}\nnative bfloat16 (oneDNN): {found.native_bf16}\nreference path: "
@@ -233,6 +224,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

@@ -43,10 +43,11 @@ def available() -> bool:
             and hasattr(mkldnn, "_linear_pointwise"))
 
 
+@functools.cache
 def bf16_packable() -> bool:
     """Whether oneDNN packs bfloat16 weights on this CPU (torch's own check, which follows ``ONEDNN_MAX_CPU_ISA``);
     where it does not, its reorder raises "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and
-    avx512dq"."""
+    avx512dq". Asked once per process (oneDNN reads its cap once), not at every reflection."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -64,15 +65,15 @@ def packable(layer: nn.Module) -> bool:
     return weight.device.type == "cpu" and weight.dtype in DTYPES and not weight.requires_grad
 
 
-def _unpackable_bf16(layers: list[nn.Module]) -> list[nn.Module]:
-    """The bfloat16 layers of ``layers`` where this CPU cannot pack them (said once per process)."""
-    bf16 = [layer for layer in layers if layer.weight.dtype == torch.bfloat16]
-    if not bf16 or bf16_packable():
-        return []
-    found = cpu.caps()
+def packed_here(layers: list[nn.Module]) -> list[nn.Module]:
+    """The :func:`packable` layers this CPU packs: all of them, or, where oneDNN has no bfloat16 kernels, the
+    float32 ones (the fallback said once per process)."""
+    kept = [layer for layer in layers if layer.weight.dtype != torch.bfloat16]
+    if len(kept) == len(layers) or bf16_packable():
+        return layers
     cpu.say_once(f"packed weights: bfloat16 needs oneDNN's AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT kernels (this CPU: "
-                 f"{found.describe()}); the bfloat16 layers use torch's product")
-    return bf16
+                 f"{cpu.caps().describe()}); the bfloat16 layers use torch's product")
+    return kept
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor:
@@ -101,9 +102,7 @@ class PackedWeights:
         packed weight; the layers compute as before once the context closes."""
         if self.watch.changed():
             self.packed.clear()  # the weights moved: every copy is stale
-        layers = [layer for layer in self.model.modules() if packable(layer)]
-        unpackable = set(_unpackable_bf16(layers))
-        layers = [layer for layer in layers if layer not in unpackable]
+        layers = packed_here([layer for layer in self.model.modules() if packable(layer)])
         for layer in layers:
             if layer not in self.packed:
                 self.packed[layer] = _reorder(_matrix(layer))
