@@ -32,7 +32,16 @@ PYTEST_ARGS ?=
 # MKL_CBWR, NumPy's); tests/test_cpu.py checks that they really force it. PORTABLE_LEG=0 skips it.
 PORTABLE_LEG ?= 1
 
-.PHONY: demo test lint lock check-lock clean-venv
+# A column on one GPU (recipes/gpu.py; README, "GPU profile"). gpu-bundle (here, with PyPI at hand) packs what a GPU
+# machine without the project's packages lacks into parts of at most 60 MiB; gpu-column runs the column there from
+# the parts (the machine's own python3 with torch) or, without a bundle, from this venv, and packs what it measured
+# into $(GPU_OUT)/<column>-seed<N>/.
+COLUMN ?= auto_explore
+SEED ?= 0
+GPU_BUNDLE ?= build/gpu-bundle
+GPU_OUT ?= results/gpu
+
+.PHONY: demo test lint lock check-lock clean-venv gpu-bundle gpu-column
 
 demo: $(VENV)/.stamp-demo
 	$(PY) lock/check.py lock/demo.txt
@@ -44,6 +53,17 @@ test: $(VENV)/.stamp-test
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 	@if [ "$(PORTABLE_LEG)" = 1 ]; then echo "The portable leg: the cpu_path tests on the AVX2 path"; \
 		REFLECTRL_PORTABLE_LEG=1 $(PY) -m utils.cpu $(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m cpu_path; fi
+
+gpu-bundle: $(VENV)/.stamp-test
+	$(PY) -m gpu.bundle --column $(COLUMN) --output_dir $(GPU_BUNDLE)
+
+gpu-column:
+	@if [ -d "$(GPU_BUNDLE)" ]; then \
+		python3 -m gpu.column --column $(COLUMN) --seed $(SEED) --bundle $(GPU_BUNDLE) --out $(GPU_OUT); \
+	else \
+		$(MAKE) --no-print-directory $(VENV)/.stamp-test && $(PY) lock/check.py lock/test.txt && \
+		$(PY) -m gpu.column --column $(COLUMN) --seed $(SEED) --out $(GPU_OUT); \
+	fi
 
 lint: $(VENV)/.stamp-test
 	$(PY) -m ruff check .

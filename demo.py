@@ -57,6 +57,9 @@ from pathlib import Path
 
 from utils import cpu
 
+GPU_SMOKE_BATCH = 4  # --profile gpu-smoke: the most episodes an RL iteration or an evaluation batch plays (Recipe.smoke)
+GPU_PROFILES = ("gpu", "gpu-smoke")  # the profiles that play a column's GPU recipe (reference_path_asked reads it)
+
 
 def reference_path_asked(argv: list[str]) -> bool:
     """Whether a command line asks for the reference numerical path (utils/cpu.py): the tiny-gpt2 columns do, unless
@@ -65,8 +68,10 @@ def reference_path_asked(argv: list[str]) -> bool:
     early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     early.add_argument("--native_numerics", action="store_true")
     early.add_argument("--model_name")
+    early.add_argument("--profile")
     known, _ = early.parse_known_args(argv)
-    return not known.native_numerics and known.model_name in (None, "tiny-gpt2")
+    return (not known.native_numerics and known.model_name in (None, "tiny-gpt2")
+            and known.profile not in GPU_PROFILES)
 
 
 # Whether this process is `python demo.py` on the reference path, set by itself before torch started: only then are
@@ -83,7 +88,7 @@ import yaml  # noqa: E402
 
 from evaluation import evaluate  # noqa: E402
 from experiment_args import one_line_usage_errors, parse_args, unknown_words  # noqa: E402
-from recipes import DEFAULT, RECIPES, learners  # noqa: E402
+from recipes import DEFAULT, RECIPES, gpu, learners  # noqa: E402
 from recipes.base import Evaluation, Recipe  # noqa: E402
 from recipes.paper_table import markdown as beside_the_paper  # noqa: E402
 from utils import checkpoints, metrics, models  # noqa: E402
@@ -95,7 +100,9 @@ from visualization import plot  # noqa: E402
 
 SEED = 0
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
-PROFILES = ("full", "smoke")  # --profile: the recipes' budgets, or every stage at a few steps (Recipe.smoke)
+# --profile: the recipes' budgets; every stage at a few steps (Recipe.smoke); the column on one GPU (Recipe.gpu:
+# recipes/gpu.py); that at a few steps (its plumbing, checked on a CPU with --model_name tiny-gpt2)
+PROFILES = ("full", "smoke", "gpu", "gpu-smoke")
 ALL = "all"  # --task all: every recipe, and the paper's table over them
 FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
 STARTED = "started.json"  # in a seed's folder while it runs: the settings it was started with
@@ -176,8 +183,9 @@ def _run_logged(stage: Stage, argv: list[str]) -> None:
 
 def once(logs: Path, name: str, what: list[str], work) -> float:
     """Run ``work`` unless its marker ``logs/<name>.done.json`` says that the same ``what`` (a stage's
-    command) finished before; its seconds, then or now. The marker is written when ``work`` returns, so a
-    stage that was killed or failed runs again when its seed resumes."""
+    command) finished before; its seconds, then or now. The marker is written when ``work`` returns (with when it
+    started and in which process: what ran side by side), so a stage that was killed or failed runs again when its
+    seed resumes."""
     marker = logs / f"{name}{DONE}"
     if marker.is_file():
         done = json.loads(marker.read_text(encoding="utf-8"))
@@ -187,7 +195,7 @@ def once(logs: Path, name: str, what: list[str], work) -> float:
     tic = time.time()
     work()
     seconds = time.time() - tic
-    write_json(marker, {"what": what, "seconds": seconds})
+    write_json(marker, {"what": what, "seconds": seconds, "started": tic, "process": os.getpid()})
     return seconds
 
 
@@ -298,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--seed", type=int, default=SEED, help="training seed of the whole pipeline")
     cli.add_argument("--seeds", type=int, nargs="+", help="several training seeds, one table over them")
     cli.add_argument("--ckpt_path", default=str(RESULTS_DIR), help="results go to CKPT_PATH/demo/")
-    cli.add_argument("--workers", type=int, default=WORKERS,
-                     help="independent stages run in this many processes at once (1: all in this one)")
+    cli.add_argument("--workers", type=int, default=None,
+                     help=f"independent stages run in this many processes at once (1: all in this one; default: "
+                          f"{WORKERS}, or the GPU profile's, one per stage of its widest phase)")
     cli.add_argument("--model_name", default=None,
                      help="a pretrained base model (hub id, folder or .gguf file) instead of tiny-gpt2: the column's "
                           "recipe for a pretrained model (LoRA, the paper's data recipe), results in <task>-<model>/")
@@ -310,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="with --learners: each learner's runs with reflection, without, or both")
     cli.add_argument("--profile", default="full", choices=PROFILES,
                      help="full: the recipe's budget; smoke: every stage at a few steps, minutes of CPU (the pipeline "
-                          "checked end to end; tests/golden/demo_smoke.md is its table on the reference path)")
+                          "checked end to end; tests/golden/demo_smoke.md is its table on the reference path); gpu: "
+                          "the column on one GPU (recipes/gpu.py: SmolLM2-135M-Instruct unless --model_name, LoRA, bf16, "
+                          "every stage of a phase side by side; `make gpu-column`); gpu-smoke: that at a few steps")
     cli.add_argument("--native_numerics", action="store_true",
                      help="compute on each library's fastest path for this CPU. By default the tiny-gpt2 columns take "
                           "the reference numerical path (utils/cpu.py: ATen, MKL, oneDNN and NumPy at AVX2, "
@@ -328,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(seed not in SEEDS for seed in seeds):  # checked here, not by the first stage that reads it
         cli.error(f"--seed: must be in [0, 2**32 - 1], got {options.seed}" if options.seeds is None else
                   f"--seeds: each in [0, 2**32 - 1], got {seeds}")
-    if options.workers < 1:
+    if options.workers is not None and options.workers < 1:
         cli.error(f"--workers: at least 1, got {options.workers}")
     try:
         output_folders(options, "ckpt_path")  # the scripts' own check: not a file, nor under one
@@ -336,7 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         cli.error(str(error))
     top = Path(options.ckpt_path) / "demo"
     recipes = list(RECIPES.values()) if options.task == ALL else [RECIPES[options.task]]
-    if options.model_name is not None:
+    if options.profile in GPU_PROFILES:
+        lacking = [recipe.name for recipe in recipes if recipe.gpu is None]
+        if lacking:
+            cli.error(f"--profile {options.profile}: no GPU profile in {', '.join(lacking)} yet")
+        try:  # a model that cannot be found fails here, not in the first stage that reads it
+            model = options.model_name or gpu.default_model()
+            models.resolve_model_path(model)
+        except UsageError as error:
+            cli.error(str(error))
+        recipes = [recipe.gpu(model) for recipe in recipes]
+    elif options.model_name is not None:
         lacking = [recipe.name for recipe in recipes if recipe.pretrained is None]
         if lacking:
             cli.error(f"--model_name: no recipe for a pretrained model in {', '.join(lacking)} yet "
@@ -346,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as error:
             cli.error(str(error))
         recipes = [recipe.pretrained(options.model_name) for recipe in recipes]
-    if options.profile == "smoke":
-        recipes = [recipe.smoke() for recipe in recipes]
+    if options.profile in ("smoke", "gpu-smoke"):
+        recipes = [recipe.smoke(batch=GPU_SMOKE_BATCH if options.profile == "gpu-smoke" else None) for recipe in recipes]
     if options.learners is not None:
         if options.task == ALL:
             cli.error("--learners: one column at a time (--task all compares none)")
@@ -373,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         if recipe.notice:
             say(f"{recipe.title}, on {recipe.model_label}: {recipe.notice}")
         root = column_dir(top, recipe)
-        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", options.workers, cores) for seed in seeds}
+        workers = options.workers or recipe.workers or WORKERS
+        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", workers, cores) for seed in seeds}
         report = seeds_report(recipe, runs)
         write_text_atomic(root / "results.md", report)
         write_json(root / "results.json", {str(s): r for s, r in runs.items()})
@@ -520,8 +542,12 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         timings["RLFT (wall)"] = time.time() - tic
     sft_dirs = {role: Path(str(sft_checkpoint(role))) for role in recipe.sft}
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
-    played = {name: sum(record.get("episodes_played", 0) for record in metrics.read_metrics(path))
-              for name, path in rl.items()}  # the episode budget each run spent, its learner's own ones included
+    logged = {name: metrics.read_metrics(path) for name, path in rl.items()}
+    played = {name: sum(record.get("episodes_played", 0) for record in records)
+              for name, records in logged.items()}  # the episode budget each run spent, its learner's own ones included
+    # the reflector's generation inside each stage that reflects (seconds of its process; stages run side by side)
+    reflecting = {f"RLFT: {name}": sum(record.get("reflect_seconds", 0.0) for record in records)
+                  for name, records in logged.items() if recipe.rl[name].reflector}
 
     # --- 4. evaluation on the fixed held-out episodes
     def policy_dir(row) -> Path:
@@ -540,7 +566,11 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
 
         def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label, rows=evaluation.rows) -> None:
             playing = [i for i, row in enumerate(recipe.rows) if rows is None or row.name in rows]
-            found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers, cores)
+            clocks: dict[str, dict] = {}
+            found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers, cores,
+                                          clocks)
+            reflecting.update({f"{label}: {name}": clock["reflector"] for name, clock in clocks.items()
+                               if recipe.rows[[row.name for row in recipe.rows].index(name)].reflector})
             for i, result in zip(playing, found):
                 results[i]["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
 
@@ -565,10 +595,13 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
               "Episodes played in RL training: " + ", ".join(f"{name} {n}" for name, n in played.items()) + "\n\n"
               f"Training curves: {curves}" + "".join(f", {folder / figure.file}" for figure in recipe.figures) + "\n\n"
-              f"Wall time: {total / 60:.1f} min (" + ", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()) + ")\n")
+              f"Wall time: {total / 60:.1f} min (" + ", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()) + ")\n\n"
+              "The reflector's generation inside the stages that reflect: "
+              + ", ".join(f"{k}: {v:.1f} s" for k, v in reflecting.items()) + "\n")
     (folder / "results.md").write_text(report, encoding="utf-8")
     say(f"seed {seed} ({folder / 'results.md'}):\n\n{report}")
-    return {"results": results, "reflector_accuracy": accuracy, "timings": timings, "rl_episodes": played}
+    return {"results": results, "reflector_accuracy": accuracy, "timings": timings, "rl_episodes": played,
+            "reflector_seconds": reflecting}
 
 
 def evaluation_argv(recipe: Recipe, evaluation: Evaluation, data: Path) -> list[str]:
@@ -607,10 +640,11 @@ def check_reflectors(recipe: Recipe, folder: Path, reflectors: list[str]) -> str
 
 
 def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,
-                          workers: int, cores: int | None = None) -> list[dict]:
+                          workers: int, cores: int | None = None, clocks: dict | None = None) -> list[dict]:
     """Evaluate the rows ``configs`` on the held-out episodes of ``argv``, shared out over ``workers``
-    processes; their results in the order of ``configs``. A row plays the same episodes with the same
-    sampling randomness wherever it runs (evaluation.evaluate seeds each configuration alike)."""
+    processes; their results in the order of ``configs`` (``clocks``, if given, gets each row's seconds by name:
+    evaluate.SECONDS). A row plays the same episodes with the same sampling randomness wherever it runs
+    (evaluation.evaluate seeds each configuration alike)."""
     share = max(1, min(workers, len(configs)))
     parts: list[list[dict]] = [[] for _ in range(share)]
     load = [0] * share
@@ -632,6 +666,8 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
     for where in folders:
         run = latest_run(where, evaluate.SCRIPT)
         found.update({result["name"]: result for result in json.loads((run / "results.json").read_text())})
+        if clocks is not None:
+            clocks.update(json.loads((run / evaluate.SECONDS).read_text(encoding="utf-8")))
     return [found[config["name"]] for config in configs]
 
 

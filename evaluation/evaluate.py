@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,9 +62,11 @@ from experiment_args import run_script
 from rollout import EpisodeStart, TwoPlayerRollout
 from utils import checkpoints, models
 from utils.errors import UsageError
-from utils.io import read_input
+from utils.io import read_input, write_json, write_jsonl
 
 SCRIPT = "evaluate"
+EPISODES = "episodes.jsonl"  # in a run's folder: every episode of every configuration (episode_record)
+SECONDS = "seconds.json"  # in a run's folder: where each configuration's time went (evaluate_config)
 PROG = "python -m evaluation.evaluate"
 logger = logging.getLogger(__name__)
 # Evaluation seeds start here. Training episodes and data-generation episodes draw their
@@ -232,12 +235,35 @@ def config_key(config: dict) -> str:
     return f"{config['name']}|{hashlib.sha256(json.dumps(held).encode()).hexdigest()[:16]}"
 
 
-def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> list:
+def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> dict:
+    """A configuration's episodes on ``starts``, and where its time went (``"seconds"``: loading the two players,
+    playing, and inside playing the reflector's generation and the policy's scoring)."""
+    tic = time.time()
     rollout = TwoPlayerRollout.load(args, config.get("load_dir"), config.get("reflect_load_dir"),
                                     reflect=bool(config.get("reflect_load_dir")),
                                     flags=(f"{config.get('name')}: load_dir", f"{config.get('name')}: reflect_load_dir"))
+    loaded = time.time()
     rng = np.random.default_rng(args.seed)  # the same sampling randomness for every configuration
-    return play_all(rollout, envs, starts, rng, desc=f"eval {config['name']}")
+    episodes = play_all(rollout, envs, starts, rng, desc=f"eval {config['name']}")
+    return {"episodes": episodes, "seconds": {"load": loaded - tic, "play": time.time() - loaded,
+                                              "reflector": rollout.stats.reflect_seconds,
+                                              "policy": rollout.stats.policy_seconds}}
+
+
+def episode_record(name: str, episode) -> dict:
+    """One line of a run's ``episodes.jsonl``: a configuration's episode, each decision's label indices (the one
+    picked, the oracle's), reward and reflection."""
+    return {"name": name, "level": episode.level, "seed": episode.seed, "options": episode.options,
+            "success": episode.success, "cost": episode.cost,
+            "decisions": [{"action": d.action, "oracle": d.oracle, "reward": d.reward, "reflection": d.reflection}
+                          for d in episode.decisions]}
+
+
+def played(args, config: dict, envs, starts: list[EpisodeStart]) -> dict:
+    """What the journal keeps of a configuration: its figures per level, its seconds, its episodes' records."""
+    found = evaluate_config(args, config, envs, starts)
+    return {"levels": summarise(found["episodes"]), "seconds": found["seconds"],
+            "episodes": [episode_record(config["name"], episode) for episode in found["episodes"]]}
 
 
 def play_all(rollout: TwoPlayerRollout, envs, starts: list[EpisodeStart], rng, desc: str | None = None) -> list:
@@ -332,20 +358,22 @@ def run(args, eval_load_list: list[dict]) -> EvaluationRun:
         # named by the model's file or folder name (its whole name is among the settings hashed)
         journal = Journal(args.ckpt_path, journal_name(SCRIPT, Path(args.model_name).name, args.seed,
                                                        *played_settings(args, starts)))
-        results, failed = [], []
+        results, failed, records, clocks = [], [], [], {}
         for number, config in enumerate(configs, 1):
             label = f"configuration {number} ({config['name']})"
             try:
                 # played in this thread (the journal's ``prepare``), journalled as soon as it ends
-                (levels,) = journal.run([(config_key(config), config)], _as_is, desc=label,
-                                        prepare=lambda config: summarise(evaluate_config(args, config, envs, starts)))
+                (kept,) = journal.run([(config_key(config), config)], _as_is, desc=label,
+                                      prepare=lambda config: played(args, config, envs, starts))
             except UsageError:
                 raise  # bad input, the same for every configuration
             except Exception as error:
                 logger.exception("%s failed while playing; the others play on", label)
                 failed.append(f"{label}: {type(error).__name__}: {' '.join(str(error).split())}")
                 continue
-            results.append({**config, "levels": levels})
+            results.append({**config, "levels": kept["levels"]})
+            records += kept["episodes"]
+            clocks[config["name"]] = kept["seconds"]
     finally:
         for env in envs:
             env.close()
@@ -353,6 +381,8 @@ def run(args, eval_load_list: list[dict]) -> EvaluationRun:
         return EvaluationRun(None, results, failed)
     run_dir = checkpoints.make_run_dir(args, SCRIPT)
     table = save_results(run_dir, results, f"Evaluation on {args.env}", success=success_name(args))
+    write_jsonl(run_dir / EPISODES, records)
+    write_json(run_dir / SECONDS, clocks)  # apart from results.json, which the same episodes make the same
     if not failed:
         journal.path.unlink()  # finished: a later run plays afresh
     print(f"\n[evaluate] {args.env}: {len(starts)} episodes per configuration; saved in {run_dir}\n\n{table}")

@@ -27,7 +27,7 @@ def reflector_accuracy(advised_command: Callable[[str | None], str | None]) -> C
                 for _ in range(eval_args.per_device_eval_batch_size)]
         try:
             starts = SPLITS[split](eval_args, envs[0], recipe.budget["accuracy_episodes"])
-            episodes = evaluate.evaluate_config(eval_args, config, envs, starts)
+            episodes = evaluate.evaluate_config(eval_args, config, envs, starts)["episodes"]
         finally:
             for env in envs:
                 env.close()

@@ -21,6 +21,7 @@ texts are long (policy: about 500 tiny-gpt2 tokens, median, up to 1024); with fi
 (policy) on one core.
 """
 
+import dataclasses
 from pathlib import Path
 
 from data_gen.auto_explore import (
@@ -33,6 +34,7 @@ from data_gen.auto_explore import (
     split_data,
 )
 from data_gen.auto_explore.reflection_negative import advised_command
+from recipes import gpu
 from recipes.accuracy import reflector_accuracy
 from recipes.base import (
     REFLECT_RL,
@@ -99,6 +101,7 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
     repos, filtered, tasks, chosen = out / "repos", out / "repos_filtered", out / "tasks", out / "tasks_filtered"
     writer = ["--env=auto_explore", f"--model_name={recipe.model_name}", "--api=oracle"]
     benchmark, oracle = [*writer, f"--seed={TASK_SEED}"], [*writer, f"--seed={seed}"]
+    view = [flag for flag in recipe.task if flag.startswith("--auto_explore_view_tokens=")]  # the task's, if any
     return [
         (collect_repos.main, [*benchmark, f"--output_dir={repos}"]),
         (filter_repo.main, [*benchmark, f"--repo_dir={repos}", f"--output_dir={filtered}"]),
@@ -107,7 +110,7 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
         (reflection_negative.main, [*oracle, f"--task_file={chosen / 'data.json'}", f"--repo_dir={filtered}"]),
         (split_data.main, [*benchmark, f"--holdout_repo={HOLDOUT_REPO}",
                            f"--task_file={chosen / 'data_reflection_negative.json'}", f"--output_dir={out}"]),
-        (gen_sft.main, [*oracle, *ACTIONS, VIEW, f"--task_file={out / 'train.json'}",
+        (gen_sft.main, [*oracle, *ACTIONS, *view, f"--task_file={out / 'train.json'}",
                         f"--repo_dir={filtered}", f"--output_dir={out}"]),
     ]
 
@@ -133,6 +136,7 @@ RECIPE = Recipe(
                  "generalisation": evaluation_on("holdout.json", f"--eval_reps={GENERALISATION_REPS}",
                                                "--eval_level_episodes=0")},
     budget=BUDGET, rl_flags=rl_flags, accuracy=reflector_accuracy(advised_command),
+    gpu=lambda model_name: on_gpu_profile(model_name),
     figures=(CurveFigure("negatives_curves.png", "AutoExplore: validation success with and without negative examples "
                          "(the paper's Figure 3)", (REFLECT_RL, "SFT+RLFT w/o negative")),),
     departures=(
@@ -143,3 +147,33 @@ RECIPE = Recipe(
         ("a batch-mean baseline, greedy reflections (the paper: none, sampled)", "as the Taxi column's"),
     ),
 )
+
+
+# --- the same column on one GPU (``demo.py --profile gpu``), on a pretrained model --------------------------------
+# The paper's file views (the environment's 500 tokens): a GPU reads them. The rates are those the pretrained Taxi
+# recipe chose on validation episodes of SmolLM2-135M (the reflector at 2e-3 with a cosine decay and no dropout, the
+# policies at 1e-3), not yet ablated on this column; the steps and the RL budget are what a 9-minute window holds
+# by the GPU rates measured so far (README, "GPU profile"), to be checked on the first window's validation curves.
+GPU_TASK = tuple(flag for flag in TASK if flag != VIEW)
+GPU_REFLECTOR = SFTRole("sft_reflection.jsonl", 300, 2e-3, "cosine", flags=("--disable_dropout",))
+GPU_POLICY = SFTRole("sft_policy.jsonl", 300, 1e-3)
+GPU_SFT = {"reflector": GPU_REFLECTOR, "policy": GPU_POLICY, "plain": dataclasses.replace(GPU_POLICY, file="sft.jsonl"),
+           "reflector_positive": dataclasses.replace(GPU_REFLECTOR, file="sft_reflection_positive.jsonl"),
+           "policy_positive": dataclasses.replace(GPU_POLICY, file="sft_policy_positive.jsonl")}
+GPU_RL_ITERATIONS = 8
+GPU_BUDGET = {"rl_batch": 32, "rl_train_batch": 32, "rl_learning_rate": 2e-4, "eval_batch": 100, "panel_every": 4}
+
+
+def on_gpu_profile(model_name: str) -> Recipe:
+    """This column on one GPU (recipes/gpu.py), on the pretrained ``model_name``."""
+    return gpu.on_gpu(
+        RECIPE, model_name, task=GPU_TASK, sft=GPU_SFT, rl=gpu.iterations(RL, GPU_RL_ITERATIONS), budget=GPU_BUDGET,
+        sft_flags=SFT_FLAGS, departures=(
+            (f"{GPU_RL_ITERATIONS} RL iterations of {GPU_BUDGET['rl_batch']} episodes, SFT of "
+             f"{GPU_POLICY.steps} steps of 8 texts (the paper: more)", "a 9-minute GPU window"),
+            ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "
+             "GitHub repositories, GPT-4)", "offline and deterministic"),
+            ("the reflectors' SFT at 2e-3 with a cosine decay, without dropout, the policies' at 1e-3 (the paper: "
+             "2e-4, dropout 0.1)", "the pretrained Taxi recipe's rates, chosen there on validation episodes of "
+                                   "SmolLM2-135M"),
+        ))

@@ -119,6 +119,12 @@ class Recipe:
     # The same column on a pretrained model (``demo.py --model_name``): the recipe for it, given the model's
     # name (None: the column has no recipe for a pretrained model yet).
     pretrained: Callable[[str], "Recipe"] | None = None
+    # The same column on one GPU (``demo.py --profile gpu``): the recipe for it, given the model's name (None: the
+    # column has no GPU profile).
+    gpu: Callable[[str], "Recipe"] | None = None
+    # How many processes run independent stages side by side (None: ``demo.py --workers``): a GPU profile runs every
+    # SFT, every RL run and every evaluation row at once, on the one GPU.
+    workers: int | None = None
     # RL stream i goes on in the process of SFT stream i, each run starting once its SFT models are trained, not
     # after every SFT: runs that read no long-trained model fill the time a long SFT (the reflector's) takes.
     overlap: bool = False
@@ -182,12 +188,17 @@ class Recipe:
             model=(*self.model, "--reflect_max_new_tokens=16"),
             sft_flags=(*self.sft_flags, "--per_device_train_batch_size=4"))  # the later flag wins
 
-    def smoke(self) -> "Recipe":
+    def smoke(self, batch: int | None = None) -> "Recipe":
         """Every stage at a few steps (``demo.py --profile smoke``): minutes of CPU, to check the pipeline end to end
         (and, on the reference numerical path, that this machine gives the committed table:
-        ``tests/golden/demo_smoke.md``)."""
+        ``tests/golden/demo_smoke.md``). ``batch``: the most episodes an RL iteration or an evaluation batch plays
+        (``--profile gpu-smoke``: a GPU's batches of ALFWorld games, each in its own process, would take a CPU's
+        minutes to start)."""
+        batches = {} if batch is None else {key: min(self.budget[key], batch)
+                                            for key in ("rl_batch", "rl_train_batch", "eval_batch")}
         small = self.scaled({role: 4 if role == "reflector" else 2 for role in self.sft}, 2, eval_episodes=4,
-                            panel_every=1, panel_episodes=2, accuracy_episodes=2)
+                            panel_every=1, panel_episodes=2, accuracy_episodes=2, **batches,
+                            **({"eval_level_episodes": 4} if self.budget.get("eval_level_episodes") else {}))
         return dataclasses.replace(small, extra=self.extra | self.smoke_extra)
 
     def settings(self) -> dict:

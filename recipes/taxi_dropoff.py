@@ -19,7 +19,7 @@ from pathlib import Path
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
 from envs.taxi import CURRICULA, FULL
-from recipes import taxi_pickup
+from recipes import gpu, taxi_pickup
 from recipes.accuracy import reflector_accuracy
 from recipes.base import (
     REFLECT_RL,
@@ -107,6 +107,7 @@ RECIPE = Recipe(
                                          ((FULL, "Taxi full task"),), rows=(REFLECT_RL,))},
     budget=BUDGET, accuracy=reflector_accuracy(data_gen.taxi.reflection.advised_command),
     smoke_extra={"data_episodes": 20},  # demo.py --profile smoke
+    gpu=lambda model_name: on_gpu_profile(model_name),
     extra={"data_episodes": DATA_EPISODES, "data_random_prob": DATA_RANDOM_PROB,
            "data_levels": [PICKUP, DROPOFF]},
     figures=(CurveFigure("dropoff_curves.png", "Taxi drop-off: validation success (the paper's Figure 4)",
@@ -122,3 +123,32 @@ RECIPE = Recipe(
          "a CPU budget of 25 minutes a seed"),
     ),
 )
+
+
+# --- the same column on one GPU (``demo.py --profile gpu``), on a pretrained model --------------------------------
+# The pretrained Taxi recipe's SFT (recipes/taxi_pickup.py, chosen on validation episodes of SmolLM2-135M) and this
+# column's data mix (0.3, chosen here on drop-off validation episodes); every run's drop-off iterations and the
+# curriculum's pickup ones at a GPU's batches, in what a 9-minute window holds by the GPU rates measured so far.
+GPU_PICKUP_ITERATIONS, GPU_DROPOFF_ITERATIONS = 4, 8
+GPU_CL = dict(iterations=GPU_PICKUP_ITERATIONS + GPU_DROPOFF_ITERATIONS,
+              level_steps=(GPU_PICKUP_ITERATIONS, GPU_DROPOFF_ITERATIONS))
+GPU_RL = {name: dataclasses.replace(variant, **(GPU_CL if variant.level_steps else {"iterations": GPU_DROPOFF_ITERATIONS}))
+          for name, variant in RL.items()}
+
+
+def on_gpu_profile(model_name: str) -> Recipe:
+    """This column on one GPU (recipes/gpu.py), on the pretrained ``model_name``."""
+    (figure,) = RECIPE.figures
+    return gpu.on_gpu(
+        RECIPE, model_name, sft=taxi_pickup.PRETRAINED_SFT, rl=GPU_RL,
+        budget={**taxi_pickup.PRETRAINED_BUDGET, **taxi_pickup.GPU_BUDGET},
+        sft_flags=("--per_device_train_batch_size=16", "--logging_steps=10"),
+        extra={**RECIPE.extra, "data_episodes": taxi_pickup.PRETRAINED_DATA_EPISODES},
+        figures=(dataclasses.replace(figure, shift=tuple((name, GPU_PICKUP_ITERATIONS) for name, _ in figure.shift)),),
+        departures=(
+            (f"{GPU_PICKUP_ITERATIONS} pickup, then {GPU_DROPOFF_ITERATIONS} drop-off iterations of "
+             f"{taxi_pickup.GPU_BUDGET['rl_batch']} episodes (the paper: thousands)", "a 9-minute GPU window"),
+            *(d for d in RECIPE.departures if d[0].startswith(("oracle + random", "horizon"))),
+            *(d for d in taxi_pickup.on_gpu_profile(model_name).departures
+              if d[0].startswith(("the policies' SFT", "the reflector's SFT"))),
+        ))

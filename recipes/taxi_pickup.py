@@ -7,6 +7,7 @@ from pathlib import Path
 
 import data_gen.taxi.gen_sft
 import data_gen.taxi.reflection
+from recipes import gpu
 from recipes.accuracy import reflector_accuracy
 from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
 from utils.arg_groups import cuda_available
@@ -88,6 +89,7 @@ RECIPE = Recipe(
         ("pickup bonus +20 on top of -1 (the paper: +20 instead)", "the README table's runs were made with it"),
     ),
     pretrained=lambda model_name: on_pretrained(model_name),
+    gpu=lambda model_name: on_gpu_profile(model_name),
 )
 
 
@@ -184,3 +186,26 @@ def on_pretrained(model_name: str) -> Recipe:
              "1.4x faster per RL iteration there (benchmarks/rl_iteration.py); emulated elsewhere, so float32 there"),
         ),
     )
+
+
+# --- the same column on one GPU (``demo.py --profile gpu``): the pretrained recipe's choices at a GPU's batches ---
+# The data mix, the SFT steps and rates are the pretrained recipe's above (chosen on validation episodes of
+# SmolLM2-135M); the RL budget keeps its episodes (24 iterations of 16: 384) in half the iterations of twice the
+# episodes, since an iteration's time on a GPU is the reflector's token-by-token generation, which serves a batch of
+# 32 in about the time of 16 (an H200, 2026-11-28: about 28 s an iteration of 16 with three runs sharing it).
+GPU_RL_ITERATIONS = 12
+GPU_BUDGET = {"rl_batch": 32, "rl_train_batch": 32, "eval_batch": 100, "panel_every": 4}
+
+
+def on_gpu_profile(model_name: str) -> Recipe:
+    """This column on one GPU (recipes/gpu.py), on the pretrained ``model_name``."""
+    return gpu.on_gpu(
+        RECIPE, model_name, sft=PRETRAINED_SFT, rl=gpu.iterations(RL, GPU_RL_ITERATIONS),
+        budget={**PRETRAINED_BUDGET, **GPU_BUDGET}, sft_flags=("--per_device_train_batch_size=16", "--logging_steps=10"),
+        extra={"data_episodes": PRETRAINED_DATA_EPISODES, "data_random_prob": PRETRAINED_DATA_RANDOM_PROB},
+        departures=(
+            (f"{GPU_RL_ITERATIONS} RL iterations of {GPU_BUDGET['rl_batch']} episodes (the paper: more)",
+             "the pretrained recipe's 384 episodes, in a 9-minute GPU window"),
+            *(d for d in on_pretrained(model_name).departures
+              if d[0].startswith(("oracle + random", "the policies' SFT", "the reflector's SFT", "horizon", "pickup"))),
+        ))

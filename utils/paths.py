@@ -7,7 +7,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "data"
 RESULTS_DIR = REPO_ROOT / "results"  # run directories <id>_<script>/ (the default --ckpt_path)  # generated data (git-ignored); schemas in data/README.md
 # Resolved like REPO_ROOT: a shared/ that is a symbolic link names its games by their real paths.
-SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()  # large inputs kept beside the checkout (ALFWorld games)
+# large inputs kept beside the checkout (ALFWorld games); $REFLECTRL_SHARED elsewhere (a GPU machine: gpu/column.py)
+SHARED_DIR = Path(os.environ.get("REFLECTRL_SHARED", REPO_ROOT.parent / "shared")).resolve()
 # In a run directory and each of its checkpoints (utils/checkpoints.py): the settings the run was started with,
 # and an RL run's trainer state (optimiser, RNG states, step, the learner's own state)
 SETTINGS_FILE = "setting.yml"
