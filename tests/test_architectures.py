@@ -7,7 +7,7 @@ import torch
 
 from envs import make_env
 from prompts import policy_prompt
-from rollout import PolicyScorer
+from rollout_policy import PolicyScorer
 from utils import models
 
 ARCHITECTURES = {

@@ -10,7 +10,9 @@ import torch
 
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, policy_prompt, reflection_prompt
-from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
+from rollout import TwoPlayerRollout
+from rollout_policy import PolicyScorer
+from rollout_records import Episode, EpisodeStart
 from utils import models
 from utils.kv_cache import PrefixKV, shared_length
 from utils.packed_weights import available as packed_weights_available
@@ -67,12 +69,12 @@ def test_the_rollout_clocks_each_players_calls(players, monkeypatch):
     clock that each reflector forward pass moves by 1 s and each policy pass by 1000 s."""
     import types
 
-    import rollout as rollout_module
+    import rollout_records
 
     policy, _, reflector, _ = players
     clock = {"now": 0.0}
     calls = {"reflector": 0, "policy": 0}
-    monkeypatch.setattr(rollout_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    monkeypatch.setattr(rollout_records, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
     for name, model, seconds in (("reflector", reflector, 1.0), ("policy", policy, 1000.0)):
         def ticking(*args, _forward=model.forward, _name=name, _seconds=seconds, **kwargs):
             calls[_name] += 1
