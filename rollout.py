@@ -38,7 +38,7 @@ from prompts import policy_prompt, reflection_prompt
 from rollout_policy import Choice, PolicyScorer, _device, entropy_of
 from rollout_records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
 from rollout_reflector import ReflectionMemo, ReflectorGeneration
-from utils import checkpoints, models
+from utils import checkpoints, log_filters, models
 from utils.kv_cache import PrefixKV
 from utils.packed_weights import PackedWeights
 from utils.packed_weights import available as packed_weights_available
@@ -63,7 +63,7 @@ class TwoPlayerRollout(ReflectorGeneration):
         # top-1 sampling decoded as the argmax it draws (the same token but for exact ties): --argmax_top1
         self.greedy_reflections = greedy or (argmax_top1 and top_k == 1)
         self.stats = RolloutStats()
-        models.silence_unpadded_generate_warning()
+        log_filters.silence_unpadded_generate_warning()
         self.one_line = reflect_one_line
         # False: every label of the alphabet may be chosen (the paper's code)
         self.mask_invalid = mask_invalid

@@ -10,7 +10,7 @@ import torch
 
 from prompts import label_alphabet, label_token_ids
 from rollout_records import Decision
-from utils import models
+from utils import lm_head
 from utils.kv_cache import PrefixKV, WeightsWatch
 
 
@@ -112,7 +112,7 @@ class PolicyScorer:
                               logits_to_keep=1, output_hidden_states=with_hidden)
             tokens = prepared.tokens
         logits = out.logits[:, -1, :].float()
-        if models.label_head(self.policy) is None:
+        if lm_head.label_head(self.policy) is None:
             logits = logits[:, self.label_ids.to(logits.device)]
         mask = torch.zeros_like(logits, dtype=torch.bool)
         for row, indices in enumerate(valid):

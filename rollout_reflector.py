@@ -12,7 +12,7 @@ from transformers import DynamicCache, GenerationConfig
 from prompts import clean_reflection
 from rollout_policy import _device, cut_left, pad_left
 from rollout_records import _clocked
-from utils import models
+from utils import lm_head
 from utils.draft_decoding import draft_source, greedy_with_drafts
 from utils.kv_cache import WeightsWatch
 
@@ -74,7 +74,7 @@ class ReflectorGeneration:
         """One batched, seeded generation after each prompt's token ids (cut to length already): drafted
         (:func:`utils.draft_decoding.greedy_with_drafts`) where ``--draft_tokens`` says so, else ``generate``."""
         packed = self.reflect_packed.active() if self.reflect_packed else contextlib.nullcontext()
-        with models.full_head(self.reflector), packed:  # the packed layers include the full head
+        with lm_head.full_head(self.reflector), packed:  # the packed layers include the full head
             return self._generate_now(ids, seed, hints)
 
     def _generate_now(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:

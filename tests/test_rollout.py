@@ -13,7 +13,7 @@ from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, pol
 from rollout import TwoPlayerRollout
 from rollout_policy import PolicyScorer
 from rollout_records import Episode, EpisodeStart
-from utils import models
+from utils import lm_head, models
 from utils.kv_cache import PrefixKV, shared_length
 from utils.packed_weights import available as packed_weights_available
 
@@ -138,7 +138,7 @@ def test_full_head_gives_the_same_label_distribution(players):
     prompt = policy_prompt(obs, env.action_head)
     with torch.no_grad():
         shrunk = scorer.logprobs([prompt], [valid]).logprobs
-        with models.full_head(policy):
+        with lm_head.full_head(policy):
             full = scorer.logprobs([prompt], [valid]).logprobs
     torch.testing.assert_close(shrunk, full)
 
@@ -229,7 +229,7 @@ def test_saycan_scores_with_and_without_the_cache_agree(players):
     env = make_env("taxi")
     obs, info = env.reset(seed=4)
     state = obs.split(env.action_head)[0] + ACTION_MARKER
-    with models.full_head(policy):
+    with lm_head.full_head(policy):
         plain, cached = SayCanScorer(policy, tokenizer, cache=False), SayCanScorer(policy, tokenizer, cache=True)
         uncached_scores = plain.scores(state, info["actions"])
         cached_scores = cached.scores(state, info["actions"])
@@ -416,14 +416,14 @@ def test_the_lm_head_reads_a_contiguous_copy_and_computes_the_same_logits(shrink
         torch.manual_seed(0)
         model, tokenizer = models.load_model_and_tokenizer(ScriptArguments(**EXACT, contiguous_head=on),
                                                            trainable=False, shrink_head=shrink)
-        head = models.base_model(model).get_output_embeddings()
+        head = lm_head.base_model(model).get_output_embeddings()
         heads = [head, head.full_head] if shrink else [head]
         for module in heads:
             module.register_forward_hook(lambda m, args, out, on=on: seen.setdefault(on, []).append(args[0].is_contiguous()))
         ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [1, 2, 3, 4]], device=model.device)
         with torch.no_grad():
             logits[on] = model(input_ids=ids, logits_to_keep=1).logits
-            with models.full_head(model):
+            with lm_head.full_head(model):
                 model(input_ids=ids, logits_to_keep=1)
     assert seen[True] == [True, True] and seen[False] == [False, False]  # the label head, then the full one
     assert torch.allclose(logits[True], logits[False], atol=1e-6)

@@ -28,7 +28,8 @@ from torch import nn
 from prompts import ANALYZE_MARKER, check_label_file, completion_start, label_alphabet, write_label_file
 from utils.errors import UsageError
 from utils.io import write_text_atomic
-from utils.models import full_head, policy_labels
+from utils.lm_head import full_head
+from utils.models import policy_labels
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE  # noqa: F401 (checkpoints.SETTINGS_FILE ...)
 from utils.seeding import rng_state, set_rng_state
 
