@@ -350,7 +350,7 @@ def checkpoint_problems(args, directory: str | Path, player: str) -> tuple[list[
 def _read_differently(args, settings: dict) -> dict[str, list[str]]:
     """The :data:`READ_SETTINGS` on which ``settings`` (a checkpoint's) and ``args`` differ, by severity."""
     from envs import ENVS, env_spec
-    from utils.arg_groups import flag_owners
+    from utils.arg_fields import flag_owners
 
     others = set(flag_owners(ENVS, "own_flags")) - set(env_spec(args.env).own_flags)  # other envs' own flags
     found: dict[str, list[str]] = {ERROR: [], WARN: []}
