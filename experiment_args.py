@@ -4,7 +4,7 @@ Every entry point (``supervised_pretrain.py``, ``rl_finetune.py``, the evaluatio
 scripts and the data-generation steps) parses :class:`ScriptArguments` with
 :func:`parse_args`, so a flag means the same thing everywhere and a run's
 ``setting.yml`` can be replayed by any script. ``ScriptArguments`` is composed of one
-dataclass per purpose, defined in ``utils/arg_groups.py`` and ``utils/arg_groups_io.py`` (model, optimisation, environment, RL,
+dataclass per purpose, defined in ``utils/arg_groups.py``, ``utils/arg_groups_model.py`` and ``utils/arg_groups_io.py`` (model, optimisation, environment, RL,
 curriculum, data, LLM backend, evaluation, logging); each validates its own fields in ``__post_init__``, and
 ``ScriptArguments`` the combinations across groups. Nothing changes a setting after
 parsing.
@@ -28,21 +28,12 @@ from typing import Literal, get_args, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 
-from utils.arg_groups import (
-    RL_SCRIPT,
-    SFT_SCRIPT,
-    CurriculumArguments,
-    EnvArguments,
-    ModelArguments,
-    OptimArguments,
-    RLArguments,
-    applicability,
-    arg_metadata,
-    cuda_available,
-    need,
-)
+from utils.arg_fields import RL_SCRIPT, SFT_SCRIPT, applicability, arg_metadata, need
+from utils.arg_groups import CurriculumArguments, EnvArguments, OptimArguments, RLArguments
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
+from utils.arg_groups_model import ModelArguments
 from utils.errors import UsageError
+from utils.gpu import cuda_available
 from utils.io import read_input
 from utils.parity import PRESETS
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE
@@ -85,7 +76,7 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
 
     def _warn_inapplicable(self) -> None:
         """One warning naming every flag set (away from its default, or its --preset's value) where it has no
-        effect: the conditions of :func:`utils.arg_groups.applicability`, those of this script included."""
+        effect: the conditions of :func:`utils.arg_fields.applicability`, those of this script included."""
         from envs import ENVS
 
         fields = dataclasses.fields(self)

@@ -30,7 +30,8 @@ from envs.curriculum import Curriculum
 from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, LearnerSettings, UpdateResult
-from rollout import Episode, EpisodeStart, RolloutStats, TwoPlayerRollout
+from rollout import TwoPlayerRollout
+from rollout_records import Episode, EpisodeStart, RolloutStats
 from utils import checkpoints, metrics, seeding
 
 logger = logging.getLogger(__name__)

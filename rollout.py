@@ -18,293 +18,35 @@ branches an episode at a chosen step.
 
 Prompts come from ``prompts.py`` (the builder SFT data uses), left-padded, and cut from
 the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
+
+This file is the episode loop; the two players' internals and the records are beside it:
+``rollout_reflector.py`` (the reflector's generation and its caches), ``rollout_policy.py`` (the
+policy's scoring) and ``rollout_records.py`` (decisions, episodes, starts and the running totals).
 """
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache, GenerationConfig
 
 from envs.base import TextEnv
-from prompts import clean_reflection, label_alphabet, label_token_ids, policy_prompt, reflection_prompt
-from utils import checkpoints, models
-from utils.draft_decoding import DraftStats, draft_source, greedy_with_drafts
-from utils.kv_cache import PrefixKV, WeightsWatch
+from prompts import policy_prompt, reflection_prompt
+from rollout_policy import Choice, PolicyScorer, _device, entropy_of
+from rollout_records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
+from rollout_reflector import ReflectionMemo, ReflectorGeneration
+from utils import checkpoints, log_filters, models
+from utils.kv_cache import PrefixKV
 from utils.packed_weights import PackedWeights
 from utils.packed_weights import available as packed_weights_available
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Decision:
-    """One policy step: what it saw, what it could pick, what it picked."""
-
-    obs: str
-    prompt: str
-    valid: list[int]  # indices into the policy's label alphabet of the labels shown
-    action: int  # index into the policy's label alphabet of the label chosen
-    logprob: float  # log-probability of ``action`` under the behaviour policy, at the temperature
-    entropy: float
-    reflection: str | None = None
-    reward: float = 0.0
-    oracle: int | None = None
-    state: str | None = None  # a digest of the environment's state key (``info["state_key"]``): equal states, equal keys
-
-
-@dataclass
-class Episode:
-    seed: int
-    options: dict
-    level: str = ""
-    decisions: list[Decision] = field(default_factory=list)
-    success: bool = False
-    cost: float = 0.0
-    group: int | None = None  # episodes of one batch with the same group played the same start (--group_size)
-
-    def costs(self) -> list[float]:
-        return [-d.reward for d in self.decisions]
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Episode":
-        data = dict(data)
-        data["decisions"] = [Decision(**d) for d in data["decisions"]]
-        return cls(**data)
-
-
-@dataclass
-class EpisodeStart:
-    """How to start an episode: the reset seed and options.
-
-    For a REFUEL branch, ``replay`` holds an earlier episode's decisions up to and
-    including the branch step h: steps before h are replayed as recorded (their
-    states checked), and at step h the recorded state and reflection are reused but
-    a fresh action is sampled.
-    """
-
-    seed: int
-    options: dict
-    level: str = ""
-    replay: list[Decision] = field(default_factory=list)
-    group: int | None = None  # the batch's starts played more than once share one (``--group_size``)
-
-    @property
-    def branch_step(self) -> int | None:
-        return len(self.replay) - 1 if self.replay else None
-
-
-@dataclass
-class RolloutStats:
-    """Running totals of one rollout object (per process)."""
-
-    policy_tokens: int = 0
-    reflection_prompt_tokens: int = 0
-    reflection_new_tokens: int = 0
-    truncated: int = 0  # prompts cut from the left at max_seq_length
-    episodes: int = 0  # episodes played, a learner's extra ones (REFUEL's branches) included
-    decisions: int = 0
-    reflections: int = 0  # reflections asked for
-    reflection_hits: int = 0  # of those, answered from the memo (ReflectionMemo) without generating
-    drafts: DraftStats = field(default_factory=DraftStats)  # guessed reflection tokens (--draft_tokens)
-    # wall-clock seconds in the two players' calls: where a rollout's time goes (RL's metrics, benchmarks)
-    reflect_seconds: float = 0.0  # TwoPlayerRollout.reflect: the reflector's generation, memo look-ups included
-    policy_seconds: float = 0.0  # TwoPlayerRollout.act: the policy's scoring pass (with gradient where kept)
-
-    @property
-    def reflection_hit_rate(self) -> float:
-        return self.reflection_hits / self.reflections if self.reflections else 0.0
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Tokens of every prompt the two players read."""
-        return self.policy_tokens + self.reflection_prompt_tokens
-
-
-def _clocked(name: str):
-    """Add a method's wall-clock seconds to ``self.stats.<name>`` (a :class:`RolloutStats` field)."""
-
-    def wrap(method):
-        @functools.wraps(method)
-        def timed(self, *args, **kwargs):
-            tic = time.perf_counter()
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                setattr(self.stats, name, getattr(self.stats, name) + time.perf_counter() - tic)
-
-        return timed
-
-    return wrap
-
-
-class Choice(NamedTuple):
-    """The policy's pick at one step."""
-
-    action: int  # index into the policy's label alphabet
-    logprob: float  # at the temperature
-    entropy: float  # of the distribution over the valid labels
-    row: torch.Tensor | None = None  # the label log-probs with their graph, where the pass is kept for the update
-
-
-class KeptPasses:
-    """The policy's forward passes of the latest training rollout, kept with their autograd graphs so that the
-    update reads each decision's label log-probs from them instead of reading its prompt again
-    (``--reuse_rollout_pass``).
-
-    Valid only at the weights they were computed with: each parameter's version counter is compared when the
-    update takes them, and any in-place change since (an optimiser step, weights swapped in) drops them all.
-    A backward pass frees a graph for every row of its forward pass, so they are taken once, in one piece:
-    the leading run of the given decisions that has kept rows; whatever else was kept is dropped.
-    """
-
-    def __init__(self, policy):
-        self.watch = WeightsWatch(policy)
-        self.rows: dict[int, tuple[Decision, torch.Tensor]] = {}  # id(decision) -> (decision, its row)
-
-    def clear(self) -> None:
-        """Forget every kept pass (a new training rollout begins at the current weights)."""
-        self.rows.clear()
-        self.watch.changed()
-
-    def keep(self, decision: "Decision", row: torch.Tensor) -> None:
-        self.rows[id(decision)] = (decision, row)
-
-    def take(self, decisions: list["Decision"]) -> list[torch.Tensor]:
-        """The kept rows of the leading decisions that have one (none if the weights changed since), consumed."""
-        if not self.rows:
-            return []
-        taken = []
-        if not self.watch.changed():
-            for decision in decisions:
-                entry = self.rows.get(id(decision))
-                if entry is None or entry[0] is not decision:
-                    break
-                taken.append(entry[1])
-        self.rows.clear()
-        return taken
-
-
-@dataclass
-class LabelScores:
-    """What one batched policy forward pass gives."""
-
-    logprobs: torch.Tensor  # (B, len(labels)) log-probabilities at the temperature, -inf outside the valid labels
-    hidden: torch.Tensor | None  # (B, hidden) last hidden state at the action marker, if asked for
-    truncated: int  # prompts cut from the left at max_seq_length
-    tokens: int  # prompt tokens read
-
-
-@dataclass
-class Encoded:
-    """A left-padded batch of prompts (see :func:`pad_left`)."""
-
-    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, position_ids
-    truncated: int
-    tokens: int
-
-
-class PolicyScorer:
-    """Log-probabilities of the choice labels after policy prompts (with or without gradient).
-
-    The labels are the tokenizer's alphabet (:func:`prompts.label_alphabet`); ``label_index``
-    maps a label to its column.
-    """
-
-    def __init__(self, policy, tokenizer, max_seq_length: int, temperature: float):
-        self.policy, self.tokenizer = policy, tokenizer
-        self.max_seq_length, self.temperature = max_seq_length, temperature
-        self.labels = label_alphabet(tokenizer)
-        self.label_index = {label: i for i, label in enumerate(self.labels)}
-        self.label_ids = torch.tensor(label_token_ids(tokenizer, self.labels))
-        self.kept = KeptPasses(policy)  # the training rollout's passes, for the update (--reuse_rollout_pass)
-
-    def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False,
-                 prefix: PrefixKV | None = None) -> LabelScores:
-        """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i; the prompts'
-        shared prefix read once through ``prefix`` where given (no gradient: the rollout's choices)."""
-        ids, truncated = cut_left(self.tokenizer, prompts, self.max_seq_length)
-        device = _device(self.policy)
-        prepared = prefix.prepare(ids, self.tokenizer.pad_token_id, device) if prefix is not None else None
-        if prepared is None:
-            encoded = pad_left(self.tokenizer, ids, truncated, device)
-            out = self.policy(**encoded.inputs, logits_to_keep=1, output_hidden_states=with_hidden)
-            tokens = encoded.tokens
-        else:
-            out = self.policy(input_ids=prepared.input_ids[:, prepared.prefix:], attention_mask=prepared.attention_mask,
-                              position_ids=prepared.position_ids, cache=prepared.cache, use_cache=True,
-                              logits_to_keep=1, output_hidden_states=with_hidden)
-            tokens = prepared.tokens
-        logits = out.logits[:, -1, :].float()
-        if models.label_head(self.policy) is None:
-            logits = logits[:, self.label_ids.to(logits.device)]
-        mask = torch.zeros_like(logits, dtype=torch.bool)
-        for row, indices in enumerate(valid):
-            mask[row, indices] = True
-        logp = torch.log_softmax((logits / self.temperature).masked_fill(~mask, float("-inf")), dim=-1)
-        hidden = out.hidden_states[-1][:, -1, :].float() if with_hidden else None
-        return LabelScores(logp, hidden, truncated, tokens)
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def cut_left(tokenizer, prompts: list[str], max_length: int) -> tuple[list[list[int]], int]:
-    """Each prompt's token ids cut from the left at ``max_length``, and how many were cut."""
-    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    return [x[-max_length:] for x in ids], sum(len(x) > max_length for x in ids)
-
-
-def pad_left(tokenizer, ids: list[list[int]], truncated: int, device) -> Encoded:
-    """Token ids (already cut to length) as a left-padded batch."""
-    width = max(map(len, ids))
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-    # Left padding must not shift positions: each prompt's first real token is position 0.
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
-    return Encoded({k: v.to(device) for k, v in batch.items()}, truncated, int(attention.sum()))
-
-
-def entropy_of(logp: torch.Tensor) -> torch.Tensor:
-    probs = logp.exp()
-    return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
-
-
-class ReflectionMemo:
-    """The reflections a frozen reflector has written, by prompt: an exact cache where the same prompt always
-    gives the same text (greedy reflections, ``--top_k 1``).
-
-    Keyed on the prompt's token ids as the reflector reads them (cut to length), and valid only for the
-    weights it was filled under: each tensor's version counter (bumped by every in-place change, such as an
-    optimiser step) is compared at each use, and any change empties the memo. ``--no_reflection_memo``
-    turns it off.
-    """
-
-    def __init__(self, reflector):
-        self.texts: dict[tuple[int, ...], str] = {}
-        self.watch = WeightsWatch(reflector)
-
-    def check(self) -> None:
-        """Forget everything if the reflector's weights changed since the memo was filled."""
-        if self.watch.changed():
-            self.texts.clear()
-
-
-class TwoPlayerRollout:
+class TwoPlayerRollout(ReflectorGeneration):
     def __init__(self, policy, tokenizer, *, reflector=None, reflect_tokenizer=None, reflect_prob: float = 1.0,
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
@@ -321,7 +63,7 @@ class TwoPlayerRollout:
         # top-1 sampling decoded as the argmax it draws (the same token but for exact ties): --argmax_top1
         self.greedy_reflections = greedy or (argmax_top1 and top_k == 1)
         self.stats = RolloutStats()
-        models.silence_unpadded_generate_warning()
+        log_filters.silence_unpadded_generate_warning()
         self.one_line = reflect_one_line
         # False: every label of the alphabet may be chosen (the paper's code)
         self.mask_invalid = mask_invalid
@@ -385,96 +127,7 @@ class TwoPlayerRollout:
                    static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens,
                    packed_weights=args.packed_weights)
 
-    # --- the two players ----------------------------------------------------------------
-
-    @_clocked("reflect_seconds")
-    @torch.no_grad()
-    def reflect(self, prompts: list[str], seed: int, hints: list[str | None] | None = None) -> list[str]:
-        """Reflections for ``prompts`` in one batched, seeded generation; those the memo holds
-        (:class:`ReflectionMemo`) are not generated again. ``hints``: per prompt, a text its reflection may
-        resemble (the same episode's previous reflection), where drafted decoding looks for its guesses; they
-        change how fast a reflection is written, not what it says (but for rounding, utils/draft_decoding.py)."""
-        if not prompts:
-            return []
-        ids, truncated = cut_left(self.reflect_tokenizer, prompts, self.scorer.max_seq_length - self.max_new_tokens)
-        hints = hints or [None] * len(prompts)
-        self.stats.truncated += truncated
-        self.stats.reflections += len(prompts)
-        if self.memo is None:
-            return self._generate(ids, seed, hints)
-        self.memo.check()
-        keys = [tuple(x) for x in ids]
-        missing = dict.fromkeys(key for key in keys if key not in self.memo.texts)
-        for key, hint in zip(keys, hints):
-            if key in missing and missing[key] is None:
-                missing[key] = hint
-        self.stats.reflection_hits += len(keys) - len(missing)
-        if missing:
-            self.memo.texts.update(zip(missing, self._generate([list(key) for key in missing], seed,
-                                                               list(missing.values()))))
-        return [self.memo.texts[key] for key in keys]
-
-    def _generate(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:
-        """One batched, seeded generation after each prompt's token ids (cut to length already): drafted
-        (:func:`utils.draft_decoding.greedy_with_drafts`) where ``--draft_tokens`` says so, else ``generate``."""
-        packed = self.reflect_packed.active() if self.reflect_packed else contextlib.nullcontext()
-        with models.full_head(self.reflector), packed:  # the packed layers include the full head
-            return self._generate_now(ids, seed, hints)
-
-    def _generate_now(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:
-        """:meth:`_generate` with the reflector's full head (and its packed weights) in place."""
-        pad_id = self.reflect_tokenizer.pad_token_id
-        device = _device(self.reflector)
-        static_len = max(map(len, ids)) + self.max_new_tokens if self.static_cache else None
-        prepared = self.reflect_prefix.prepare(ids, pad_id, device, static_len=static_len) if self.reflect_prefix else None
-        if prepared is None:
-            encoded = pad_left(self.reflect_tokenizer, ids, 0, device)
-            inputs, tokens, cache = dict(encoded.inputs), encoded.tokens, None
-        else:
-            inputs = {"input_ids": prepared.input_ids, "attention_mask": prepared.attention_mask,
-                      "position_ids": prepared.position_ids}
-            tokens, cache = prepared.tokens, prepared.cache
-        self.stats.reflection_prompt_tokens += tokens
-        if self.draft_tokens:
-            new = self._drafted(ids, inputs, cache, hints, prepared.prefix if prepared else 0)
-        else:
-            new = self._generated(inputs, cache, seed, device)
-        self.stats.reflection_new_tokens += sum(len([t for t in row if t != pad_id]) for row in new)
-        texts = [clean_reflection(text, self.one_line)
-                 for text in self.reflect_tokenizer.batch_decode(new, skip_special_tokens=True)]
-        self._last_text = texts[0]
-        return texts
-
-    def _generated(self, inputs: dict, cache, seed: int, device) -> list[list[int]]:
-        """The new tokens of transformers' ``generate`` (seeded), padded after a row's stop."""
-        sample = not self.greedy_reflections
-        config = GenerationConfig(
-            do_sample=sample, temperature=self.temperature if sample else None,
-            top_k=self.top_k if sample else None, top_p=self.top_p if sample else None,
-            max_new_tokens=self.max_new_tokens, eos_token_id=self._stop_ids,
-            pad_token_id=self.reflect_tokenizer.pad_token_id)
-        batch = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-        if cache is not None:
-            batch["cache"] = cache
-        elif self.static_cache:
-            config.cache_implementation = "static"
-        devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            out = self.reflector.generate(**batch, generation_config=config)  # positions counted from the mask
-        return out[:, batch["input_ids"].shape[1]:].tolist()
-
-    def _drafted(self, ids: list[list[int]], inputs: dict, cache, hints: list[str | None], prefix: int) -> list[list[int]]:
-        """The new tokens of greedy decoding with drafts looked up in each row's hint (its own, else the
-        latest reflection generated) and its text so far."""
-        texts = [hint or self._last_text or "" for hint in hints]
-        hint_ids = self.reflect_tokenizer(texts, add_special_tokens=False)["input_ids"]  # one call for the batch
-        sources = [draft_source(row, hint) for row, hint in zip(ids, hint_ids)]
-        return greedy_with_drafts(
-            self.reflector, input_ids=inputs["input_ids"][:, prefix:], attention_mask=inputs["attention_mask"],
-            position_ids=inputs["position_ids"], cache=cache if cache is not None else DynamicCache(config=self.reflector.config),
-            sources=sources, max_new_tokens=self.max_new_tokens, stop_ids=self._stop_ids,
-            draft_tokens=self.draft_tokens, pad_id=self.reflect_tokenizer.pad_token_id, stats=self.stats.drafts)
+    # --- the policy player (the reflector's: rollout_reflector.ReflectorGeneration) --------
 
     @_clocked("policy_seconds")
     @torch.no_grad()
@@ -564,12 +217,6 @@ class TwoPlayerRollout:
                                                 s.env.text_layout) for s in ask], seed, [s.reflection for s in ask])
         for slot, text in zip(ask, texts):
             slot.reflection = text
-
-
-def state_digest(info: dict) -> str | None:
-    """A short digest of the environment's state key (``info["state_key"]``), None where it gives none."""
-    key = info.get("state_key")
-    return None if key is None else hashlib.blake2b(key.encode("utf-8"), digest_size=8).hexdigest()
 
 
 def _pool(envs: list[TextEnv]):

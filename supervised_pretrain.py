@@ -157,12 +157,12 @@ def completion_logits(args, model) -> bool:
     (``logits_to_keep``, a mask: transformers' causal LMs); elsewhere every position's, with a warning."""
     if not args.completion_logits:
         return False
-    from utils import models
+    from utils import lm_head
 
-    if "logits_to_keep" in inspect.signature(models.base_model(model).forward).parameters:
+    if "logits_to_keep" in inspect.signature(lm_head.base_model(model).forward).parameters:
         return True
     logger.warning("--completion_logits: %s's forward pass has no logits_to_keep; the LM head runs at every "
-                   "position", type(models.base_model(model)).__name__)
+                   "position", type(lm_head.base_model(model)).__name__)
     return False
 
 

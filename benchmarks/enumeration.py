@@ -26,8 +26,8 @@ from benchmarks.saycan import SayCanScorer
 from envs import make_env
 from experiment_args import one_line_usage_errors, parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
-from rollout import PolicyScorer
-from utils import models
+from rollout_policy import PolicyScorer
+from utils import lm_head, models
 
 PROG = "python -m benchmarks.enumeration"
 SIZES = (6, 20, 50, 100)
@@ -71,7 +71,7 @@ def main(args, sizes: tuple[int, ...] = SIZES) -> int:
             enum_ms = timed(lambda p=prompt, v=valid: enumeration.logprobs([p], [v]), runs)
             enum_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
             row = {"actions": len(actions), "enumeration": (enum_ms, enum_tokens)}
-            with models.full_head(model):  # SayCan scores action text over the whole vocabulary
+            with lm_head.full_head(model):  # SayCan scores action text over the whole vocabulary
                 for name, cache in (("saycan", False), ("saycan_cached", True)):
                     scorer = SayCanScorer(model, tokenizer, cache=cache)
                     ms = timed(lambda s=scorer, st=state, a=actions: s.scores(st, a), runs)

@@ -52,9 +52,9 @@ from envs.taxi import taxi_curriculum
 from experiment_args import one_line_usage_errors, parse_args
 from rollout import TwoPlayerRollout
 from utils import cpu
-from utils.arg_groups import cuda_available
 from utils.cpu import cpu_native_bf16
 from utils.errors import UsageError
+from utils.gpu import cuda_available
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,8 @@ import torch
 from envs import make_env
 from envs.taxi import FULL
 from experiment_args import run_script
-from rollout import EpisodeStart, TwoPlayerRollout
+from rollout import TwoPlayerRollout
+from rollout_records import EpisodeStart
 
 BATCHES = (1, 8, 32)
 

@@ -58,7 +58,7 @@ def taxi_texts(model_name: str, folder: Path) -> Path:
 def train_steps(argv: list[str]) -> dict:
     """``--max_steps`` SFT steps on the task file's first texts; the seconds and the loss of each."""
     import supervised_pretrain as sft
-    from utils import models, seeding
+    from utils import lm_head, models, seeding
 
     args = parse_args(argv, prog=PROG)
     seeding.set_seed(args.seed)
@@ -82,7 +82,7 @@ def train_steps(argv: list[str]) -> dict:
         optimizer.zero_grad()
         seconds.append(time.perf_counter() - tic)
         losses.append(loss.item())
-    return {"seconds": seconds, "losses": losses, "attention": models.base_model(model).config._attn_implementation}
+    return {"seconds": seconds, "losses": losses, "attention": lm_head.base_model(model).config._attn_implementation}
 
 
 def main(argv: list[str]) -> int:

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from envs import alfworld, auto_explore, taxi
+from envs import alfworld, auto_explore_spec, taxi
 from envs.base import TextEnv
 from envs.curriculum import Curriculum
 from envs.spec import EnvSpec
 from utils.errors import UsageError
 
 # The registry: one line per environment (its module declares the spec).
-ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (taxi.SPEC, auto_explore.SPEC, alfworld.SPEC)}
+ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (taxi.SPEC, auto_explore_spec.SPEC, alfworld.SPEC)}
 
 
 def env_spec(name: str) -> EnvSpec:

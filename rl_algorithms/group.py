@@ -9,7 +9,7 @@ group instead of subtracting a learned or batch-wide baseline. Returns are rewar
 
 import torch
 
-from rollout import Episode
+from rollout_records import Episode
 
 # GRPO's epsilon: keeps a group whose returns are all equal (std 0) at advantage 0
 EPS = 1e-6

@@ -29,7 +29,7 @@ import torch
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
 from rl_algorithms.group import episode_returns, group_members, group_relative, per_decision
 from rl_algorithms.losses import clipped_surrogate, kl_k3, ratio_figures
-from rollout import Episode
+from rollout_records import Episode
 
 
 class GRPO(Learner):

@@ -15,7 +15,7 @@ import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
 from rl_algorithms.losses import pg_loss
-from rollout import Episode
+from rollout_records import Episode
 
 
 class PolicyGradient(Learner):

@@ -16,7 +16,7 @@ import numpy as np
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
 from rl_algorithms.group import episode_returns, group_members, leave_one_out, per_decision
 from rl_algorithms.losses import advantage_loss
-from rollout import Episode
+from rollout_records import Episode
 
 
 class RLOO(Learner):

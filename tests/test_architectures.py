@@ -7,8 +7,8 @@ import torch
 
 from envs import make_env
 from prompts import policy_prompt
-from rollout import PolicyScorer
-from utils import models
+from rollout_policy import PolicyScorer
+from utils import lm_head, models
 
 ARCHITECTURES = {
     "llama": "LlamaConfig",
@@ -50,7 +50,7 @@ def test_lora_and_label_head_on_the_architecture(architecture, digit_model, make
     valid = [scorer.label_index[label] for label in info["labels"]]
     prompt = policy_prompt(obs, env.action_head)
     shrunk = scorer.logprobs([prompt], [valid]).logprobs
-    with models.full_head(model), torch.no_grad():
+    with lm_head.full_head(model), torch.no_grad():
         full = scorer.logprobs([prompt], [valid]).logprobs
     torch.testing.assert_close(shrunk.detach(), full, atol=1e-5, rtol=1e-5)
     shrunk[0, valid[0]].backward()

@@ -21,7 +21,7 @@ from experiment_args import ScriptArguments, run_script
 from prompts import ACTION_MARKER
 from tests.auto_explore_repos import build_repo, make_task
 from tests.conftest import REPO
-from utils import checkpoints, models
+from utils import checkpoints, model_paths, models
 
 RL, SFT = "rl_finetune.py", "supervised_pretrain.py"
 
@@ -178,7 +178,7 @@ def test_an_unknown_hub_id_without_the_hub_fails_in_seconds(run, tmp_path, monke
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    models._hub_reachable.cache_clear()
+    model_paths._hub_reachable.cache_clear()
     start = time.time()
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"text": f"state{ACTION_MARKER}3"}) + "\n")
@@ -187,7 +187,7 @@ def test_an_unknown_hub_id_without_the_hub_fails_in_seconds(run, tmp_path, monke
     why = "HF_HUB_OFFLINE is set" if offline else "http://127.0.0.1:9 cannot be reached"
     assert code == 2 and line.startswith(f"{SFT}: error: --model_name 'no-such/model': not a local folder nor in the "
                                          f"Hugging Face cache, and {why}: nothing can be downloaded")
-    models._hub_reachable.cache_clear()
+    model_paths._hub_reachable.cache_clear()
 
 
 def test_an_unknown_hub_id_fails_in_seconds_from_the_command_line(tmp_path):

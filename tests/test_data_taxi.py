@@ -160,7 +160,8 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     """The policy sees at RL time exactly the prompt it was fine-tuned on, for the same state."""
     import numpy as np
 
-    from rollout import Decision, EpisodeStart, TwoPlayerRollout
+    from rollout import TwoPlayerRollout
+    from rollout_records import Decision, EpisodeStart
     from utils import models
 
     records = _run(make_args, tmp_path, num_episodes=1)

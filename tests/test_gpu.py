@@ -18,7 +18,7 @@ def _quantised(model, kind: str) -> list[str]:
 
 
 def test_the_defaults_load_the_base_in_eight_bits_with_a_bfloat16_lora_on_the_gpu(make_args, caplog):
-    from utils import models
+    from utils import log_filters, models
 
     args = make_args()
     assert args.load_in_8bit and args.bf16  # kept: a CUDA device is present
@@ -27,7 +27,7 @@ def test_the_defaults_load_the_base_in_eight_bits_with_a_bfloat16_lora_on_the_gp
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert trainable and all(p.device.type == "cuda" for p in trainable)
     batch = tokenizer(["The taxi is at"], return_tensors="pt").to(models.device())
-    for said in logging.getLogger(models.BNB_CAST_LOGGER).filters:  # lines an earlier load said: said again here
+    for said in logging.getLogger(log_filters.BNB_CAST_LOGGER).filters:  # lines an earlier load said: said again here
         said.said.clear()
     with caplog.at_level(logging.WARNING), torch.autocast("cuda", dtype=models.compute_dtype(args)):
         for _ in range(3):
@@ -35,7 +35,7 @@ def test_the_defaults_load_the_base_in_eight_bits_with_a_bfloat16_lora_on_the_gp
     loss.backward()
     assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainable)
     # bitsandbytes says at every 8-bit product that it casts bf16 inputs to float16: once here, not 3 x 8 times
-    casts = [r.getMessage() for r in caplog.records if r.name == models.BNB_CAST_LOGGER]
+    casts = [r.getMessage() for r in caplog.records if r.name == log_filters.BNB_CAST_LOGGER]
     assert casts and len(casts) == len(set(casts)) <= 2, casts
 
 
@@ -77,7 +77,7 @@ def test_the_update_reads_the_rollouts_own_passes_on_the_eight_bit_model(make_ar
     rollout's kept passes (their graphs run back through bitsandbytes' layers), and the run plays the same moves
     as one that reads its prompts again: a pass with gradient computes what one without it does."""
     import rl_finetune
-    from rollout import KeptPasses
+    from rollout_policy import KeptPasses
     from utils import checkpoints, metrics
 
     taken = []

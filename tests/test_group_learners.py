@@ -16,7 +16,9 @@ from experiment_args import ScriptArguments, parse_args, run_script
 from rl_algorithms import LEARNERS, LearnerSettings
 from rl_algorithms.gigpo import anchor_groups, discounted_returns
 from rl_algorithms.group import EPS, group_members, group_relative, leave_one_out
-from rollout import Decision, Episode, PolicyScorer, TwoPlayerRollout
+from rollout import TwoPlayerRollout
+from rollout_policy import PolicyScorer
+from rollout_records import Decision, Episode
 from utils import checkpoints, metrics, models
 
 

@@ -11,7 +11,7 @@ import torch
 
 from experiment_args import parse_args
 from prompts import LABELS, label_token_ids, policy_prompt
-from utils import checkpoints, metrics, models, seeding
+from utils import checkpoints, lm_head, metrics, models, seeding
 from utils.errors import UsageError
 
 HEAD = "The actions you can take now is:"
@@ -58,21 +58,21 @@ def test_shrunk_head_equals_full_head_at_label_tokens(make_args):
     batch = _batch(tokenizer)
     with torch.no_grad():
         full = model(**batch).logits[:, -1]
-    head = models.shrink_lm_head(model, label_token_ids(tokenizer))
-    assert models.label_head(model) is head and len(head.token_ids) == len(LABELS)
+    head = lm_head.shrink_lm_head(model, label_token_ids(tokenizer))
+    assert lm_head.label_head(model) is head and len(head.token_ids) == len(LABELS)
     with torch.no_grad():
         shrunk = model(**batch).logits[:, -1]
     assert shrunk.shape == (2, len(LABELS))
     torch.testing.assert_close(shrunk, full[:, head.token_ids])
     assert not any(p.requires_grad for p in head.parameters())
-    with models.full_head(model), torch.no_grad():
+    with lm_head.full_head(model), torch.no_grad():
         torch.testing.assert_close(model(**batch).logits[:, -1], full)
-    assert models.label_head(model) is head
+    assert lm_head.label_head(model) is head
 
 
 def test_loader_shrinks_on_request(make_args):
     model, _ = models.load_model_and_tokenizer(make_args(), shrink_head=True)
-    assert models.label_head(model) is not None
+    assert lm_head.label_head(model) is not None
 
 
 def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
@@ -328,7 +328,7 @@ def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
     assert models.attention_kernel(make_args(attn_implementation="eager"), trainable=False) == "eager"
     trained, _ = models.load_model_and_tokenizer(bf16)
     frozen, _ = models.load_model_and_tokenizer(bf16, trainable=False)
-    assert models.base_model(trained).config._attn_implementation == "eager"
+    assert lm_head.base_model(trained).config._attn_implementation == "eager"
     assert frozen.config._attn_implementation == "sdpa"
     with pytest.raises(SystemExit):
         parse_args(["--attn_implementation=flash"])
@@ -361,19 +361,19 @@ def test_a_third_party_line_said_at_every_product_is_said_once(caplog):
     filter is installed once however often a model loads (tests/test_gpu.py checks it on bitsandbytes)."""
     import logging
 
-    from utils import models
+    from utils import log_filters
 
-    noisy = logging.getLogger(models.BNB_CAST_LOGGER)
+    noisy = logging.getLogger(log_filters.BNB_CAST_LOGGER)
     saved = list(noisy.filters)
     noisy.filters[:] = []  # a fresh filter: one a quantised load installed in this process remembers its lines
     try:
-        models.say_once(models.BNB_CAST_LOGGER)
-        models.say_once(models.BNB_CAST_LOGGER)
+        log_filters.say_once(log_filters.BNB_CAST_LOGGER)
+        log_filters.say_once(log_filters.BNB_CAST_LOGGER)
         assert sum(type(f).__name__ == "_SaidOnce" for f in noisy.filters) == 1
         with caplog.at_level(logging.WARNING):
             for dtype in ("torch.bfloat16", "torch.bfloat16", "torch.float32", "torch.bfloat16"):
                 noisy.warning("MatMul8bitLt: inputs will be cast from %s to float16 during quantization", dtype)
-        assert [r.getMessage().split()[6] for r in caplog.records if r.name == models.BNB_CAST_LOGGER] == \
+        assert [r.getMessage().split()[6] for r in caplog.records if r.name == log_filters.BNB_CAST_LOGGER] == \
                ["torch.bfloat16", "torch.float32"]
     finally:
         noisy.filters[:] = saved

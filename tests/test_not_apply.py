@@ -1,5 +1,5 @@
 """Issue 31, defect 5: flags that do not apply were ignored without the promised warning. The warning now
-covers every flag that can be given without effect, from one table (``utils.arg_groups.applicability``:
+covers every flag that can be given without effect, from one table (``utils.arg_fields.applicability``:
 each field's ``only_with``, each environment's ``own_flags``), and says nothing of a flag that applies."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import pytest
 
 from envs import ENVS
 from experiment_args import ScriptArguments, parse_args
-from utils.arg_groups import ONLY_WITH, applicability
+from utils.arg_fields import ONLY_WITH, applicability
 
 RL, SFT, EVAL = "rl_finetune.py", "supervised_pretrain.py", "python -m evaluation.evaluate"
 WARNING = "these settings do not apply to this run and are ignored"

@@ -71,7 +71,8 @@ def test_the_rollout_and_the_sft_texts_use_the_environments_layout(make_args, ti
     from data_gen.sft import sft_texts
     from envs import make_env
     from envs.taxi import DangerousTaxiEnv
-    from rollout import EpisodeStart, TwoPlayerRollout
+    from rollout import TwoPlayerRollout
+    from rollout_records import EpisodeStart
     from utils import models
 
     args = make_args(env="taxi")

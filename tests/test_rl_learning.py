@@ -9,7 +9,8 @@ import pytest
 
 import rl_finetune
 from envs import make_env
-from rollout import EpisodeStart, TwoPlayerRollout
+from rollout import TwoPlayerRollout
+from rollout_records import EpisodeStart
 from utils import models
 
 HELD_OUT = [10**6 + i for i in range(64)]

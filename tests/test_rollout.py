@@ -10,8 +10,10 @@ import torch
 
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, policy_prompt, reflection_prompt
-from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
-from utils import models
+from rollout import TwoPlayerRollout
+from rollout_policy import PolicyScorer
+from rollout_records import Episode, EpisodeStart
+from utils import lm_head, models
 from utils.kv_cache import PrefixKV, shared_length
 from utils.packed_weights import available as packed_weights_available
 
@@ -67,12 +69,12 @@ def test_the_rollout_clocks_each_players_calls(players, monkeypatch):
     clock that each reflector forward pass moves by 1 s and each policy pass by 1000 s."""
     import types
 
-    import rollout as rollout_module
+    import rollout_records
 
     policy, _, reflector, _ = players
     clock = {"now": 0.0}
     calls = {"reflector": 0, "policy": 0}
-    monkeypatch.setattr(rollout_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    monkeypatch.setattr(rollout_records, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
     for name, model, seconds in (("reflector", reflector, 1.0), ("policy", policy, 1000.0)):
         def ticking(*args, _forward=model.forward, _name=name, _seconds=seconds, **kwargs):
             calls[_name] += 1
@@ -136,7 +138,7 @@ def test_full_head_gives_the_same_label_distribution(players):
     prompt = policy_prompt(obs, env.action_head)
     with torch.no_grad():
         shrunk = scorer.logprobs([prompt], [valid]).logprobs
-        with models.full_head(policy):
+        with lm_head.full_head(policy):
             full = scorer.logprobs([prompt], [valid]).logprobs
     torch.testing.assert_close(shrunk, full)
 
@@ -227,7 +229,7 @@ def test_saycan_scores_with_and_without_the_cache_agree(players):
     env = make_env("taxi")
     obs, info = env.reset(seed=4)
     state = obs.split(env.action_head)[0] + ACTION_MARKER
-    with models.full_head(policy):
+    with lm_head.full_head(policy):
         plain, cached = SayCanScorer(policy, tokenizer, cache=False), SayCanScorer(policy, tokenizer, cache=True)
         uncached_scores = plain.scores(state, info["actions"])
         cached_scores = cached.scores(state, info["actions"])
@@ -414,14 +416,14 @@ def test_the_lm_head_reads_a_contiguous_copy_and_computes_the_same_logits(shrink
         torch.manual_seed(0)
         model, tokenizer = models.load_model_and_tokenizer(ScriptArguments(**EXACT, contiguous_head=on),
                                                            trainable=False, shrink_head=shrink)
-        head = models.base_model(model).get_output_embeddings()
+        head = lm_head.base_model(model).get_output_embeddings()
         heads = [head, head.full_head] if shrink else [head]
         for module in heads:
             module.register_forward_hook(lambda m, args, out, on=on: seen.setdefault(on, []).append(args[0].is_contiguous()))
         ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [1, 2, 3, 4]], device=model.device)
         with torch.no_grad():
             logits[on] = model(input_ids=ids, logits_to_keep=1).logits
-            with models.full_head(model):
+            with lm_head.full_head(model):
                 model(input_ids=ids, logits_to_keep=1)
     assert seen[True] == [True, True] and seen[False] == [False, False]  # the label head, then the full one
     assert torch.allclose(logits[True], logits[False], atol=1e-6)

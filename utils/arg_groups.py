@@ -1,311 +1,50 @@
-"""The settings, one dataclass per purpose; :class:`experiment_args.ScriptArguments` composes them.
+"""The flags' groups of optimisation, the environment, RL and the curriculum, one dataclass per purpose (the
+model's group is in ``utils/arg_groups_model.py``; data generation's, the LLM backend's, evaluation's and logging's
+in ``utils/arg_groups_io.py``; how a flag is declared and checked in ``utils/arg_fields.py``);
+:class:`experiment_args.ScriptArguments` composes them all.
 
 Each group checks its own fields in ``__post_init__`` (a ``ValueError`` naming the flag)
 and then calls ``super().__post_init__()``, so the composed class runs every group's
-checks once. A field's ``help`` is its ``--help`` text, and its ``only_with`` the settings
-it needs to have any effect (:class:`Applies`; :func:`applicability` gathers them into the one
-table of the "does not apply" warning); each group's ``TITLE`` is its ``--help`` section.
+checks once. Each group's ``TITLE`` is its ``--help`` section.
 """
 
-import ctypes
-import importlib.util
 import logging
-import runpy
-import sys
-from collections.abc import Callable
-from dataclasses import Field, dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from utils.arg_fields import (
+    CLIPPED_GROUP,
+    CRITIC,
+    DEPTH_CURRICULUM,
+    GIGPO,
+    GREEDY_REFLECTIONS,
+    ONLY_RL,
+    ONLY_SFT,
+    PG,
+    PG_OR_PPO,
+    PPO_OR_CLIPPED,
+    REFLECTOR,
+    REFUEL,
+    SEEDS,
+    SFT_SCRIPT,
+    WARM_UP,
+    Applies,
+    _arg,
+    _at_least,
+    _Group,
+    _positive,
+    _probability,
+    flag_owners,
+    need,
+    output_folders,
+)
+from utils.gpu import cuda_available
 
 logger = logging.getLogger(__name__)
 
 ALFWORLD_PAPER_TASK = "pick_and_place_simple-Tomato-None-Microwave"
-
-
-# --- when a flag has an effect: the one table of the "does not apply" warning ---------------------
-
-@dataclass(frozen=True)
-class Applies:
-    """A setting a flag needs to have any effect: ``where`` names it in the warning, ``holds(args)`` tells
-    whether the run has it. ``scripts``: the entry points (``rl_finetune``, ``evaluation.evaluate`` ...; see
-    :func:`experiment_args.script_name`) whose runs it describes, for a flag that one script reads under a
-    condition and another always (empty: every script's). A field declares it as ``only_with``."""
-
-    where: str
-    holds: Callable[[Any], bool]
-    scripts: tuple[str, ...] = ()
-    not_in: tuple[str, ...] = ()  # the entry points that read the flag without it (of every script else)
-
-    def checked_in(self, script: str | None) -> bool:
-        """Whether the condition is asked of a run of ``script`` (None: a script that did not say which)."""
-        return (not self.scripts or script in self.scripts) and script not in self.not_in
-
-
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA (or ROCm) device. Importing torch to ask takes 2.5 s (5 s with a GPU's
-    start), so a command that trains nothing (``envs.play``, an oracle's or an API's data) first asks what
-    answers without it: the installed torch's build and the CUDA driver (:func:`_gpu_without_torch`)."""
-    if "torch" not in sys.modules:
-        known = _gpu_without_torch()
-        if known is not None:
-            return known
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _gpu_without_torch() -> bool | None:
-    """Whether torch will see a GPU, as far as it is known without importing torch; None: torch must be asked.
-    The installed torch's ``version.py`` (plain assignments) names its build: one with no CUDA nor HIP version
-    sees no GPU. A CUDA build sees one when the driver (``libcuda``, which honours ``CUDA_VISIBLE_DEVICES`` as
-    torch does) shows a device and runs that build's CUDA major version or a later one, and none when the
-    driver is missing or shows no device. A ROCm build, an older driver, or a ``version.py`` that cannot be
-    read leave it to torch."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        build = runpy.run_path(str(Path(spec.submodule_search_locations[0]) / "version.py"))
-    except (OSError, SyntaxError, ImportError):
-        return None
-    if build.get("hip"):
-        return None
-    if not build.get("cuda"):
-        return False
-    devices, driver_cuda = _cuda_driver()
-    if devices == 0:
-        return False
-    try:
-        needed = int(str(build["cuda"]).split(".")[0]) * 1000
-    except ValueError:
-        return None
-    return True if driver_cuda >= needed else None
-
-
-def _cuda_driver() -> tuple[int, int]:
-    """How many devices the CUDA driver shows this process, and the CUDA version it runs (13000 for 13.0);
-    (0, 0) when its library is missing or fails to start."""
-    try:
-        driver = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-    except OSError:
-        return 0, 0
-    count, version = ctypes.c_int(0), ctypes.c_int(0)
-    if (driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0
-            or driver.cuDriverGetVersion(ctypes.byref(version)) != 0):
-        return 0, 0
-    return count.value, version.value
-
-
-def _never(args) -> bool:
-    return False
-
-
-RL_SCRIPT, SFT_SCRIPT, EVAL_SCRIPT = "rl_finetune", "supervised_pretrain", "evaluation.evaluate"
-# The entry points that play several environments whatever --env says, and the environments' own flags each
-# reads there: for them such a flag applies without its --env.
-READ_WITHOUT_ENV = {"benchmarks.env_speed": ("alfworld_data", "repo_dir")}
-PG = Applies("--trainer pg", lambda a: a.trainer == "pg")
-PPO = Applies("--trainer ppo", lambda a: a.trainer == "ppo")
-PPO_OR_CLIPPED = Applies("--trainer ppo, grpo or gigpo", lambda a: a.trainer in ("ppo", "grpo", "gigpo"))
-REFUEL = Applies("--trainer refuel", lambda a: a.trainer == "refuel")
 DEFAULT_TRAINER = "pg"  # the paper's learner, REINFORCE
 GROUP_LEARNERS = ("rloo", "grpo", "gigpo")  # the learners that compare the episodes of one start
-CLIPPED_GROUP = Applies("--trainer grpo or gigpo", lambda a: a.trainer in ("grpo", "gigpo"))
-GIGPO = Applies("--trainer gigpo", lambda a: a.trainer == "gigpo")
-PG_OR_PPO = Applies("--trainer pg or ppo", lambda a: a.trainer in ("pg", "ppo"))
-CRITIC = Applies("--baseline critic", lambda a: a.baseline == "critic")
-FOUR_BIT = Applies("--load_in_4bit", lambda a: a.load_in_4bit)
-NO_CUDA = Applies("no CUDA device", lambda a: not cuda_available())
-# A checkpoint given as --load_dir keeps its own LoRA shape; only a new adapter is built from these flags.
-NEW_LORA = Applies("--use_peft and without --load_dir, whose adapter keeps its own",
-                   lambda a: a.use_peft and not a.load_dir)
-WARM_UP = Applies("an --lr_scheduler_type with warm-up, e.g. constant_with_warmup",
-                  lambda a: a.lr_scheduler_type != "constant")
-DEPTH_CURRICULUM = Applies("--depth_curriculum", lambda a: a.depth_curriculum)
-# Evaluation may take its reflectors from --eval_load_list's entries, so there only RL and evaluation say.
-REFLECTOR = Applies("a reflector: --reflect_load_dir, --reflect or an --eval_load_list entry's",
-                    lambda a: a.use_reflection or bool(a.eval_load_list), scripts=(RL_SCRIPT, EVAL_SCRIPT))
-# The reflection memo is exact only where a prompt's reflection is a function of the prompt.
-GREEDY_REFLECTIONS = Applies("greedy reflections, --top_k 1", lambda a: a.top_k == 1)
-ONLY_SFT = Applies("SFT, supervised_pretrain.py", _never, scripts=(RL_SCRIPT,))
-ONLY_EVALUATION = Applies("evaluation, python -m evaluation.evaluate", _never, scripts=(RL_SCRIPT, SFT_SCRIPT))
-ONLY_RL = Applies("RL, rl_finetune.py", _never, scripts=(SFT_SCRIPT, EVAL_SCRIPT))
-# collect_repos writes the repositories (to --output_dir); the steps after it read them from --repo_dir.
-READS_REPOS = Applies("a step that reads repositories; collect_repos writes them to --output_dir", _never,
-                      scripts=("data_gen.auto_explore.collect_repos",))
-# Evaluation plays --eval_load_list's entries when it is given, each with its own checkpoints.
-NO_LOAD_LIST = Applies("an evaluation without --eval_load_list, whose entries name their own checkpoints",
-                       lambda a: not a.eval_load_list, scripts=(EVAL_SCRIPT,))
-PANEL = Applies("--eval_steps, the RL validation panel", lambda a: a.eval_steps > 0)
-API = Applies("--api openai, azure or local", lambda a: a.api != "oracle")
-
-ONLY_WITH = "only_with"  # the field metadata key of its conditions: one Applies, or a tuple of them
-
-
-def _arg(default, help: str, only_with: Applies | tuple[Applies, ...] = (), **kwargs):
-    """A dataclass field carrying its help string, argparse extras such as aliases, and ``only_with``: the
-    settings it needs to have an effect (:class:`Applies`), for the "does not apply" warning."""
-    conditions = (only_with,) if isinstance(only_with, Applies) else tuple(only_with)
-    return field(default=default, metadata={"help": help, **kwargs, **({ONLY_WITH: conditions} if conditions else {})})
-
-
-def applicability(fields: tuple[Field, ...], specs: dict) -> dict[str, tuple[Applies, ...]]:
-    """THE table of the "does not apply" warning: ``{flag: conditions}``, every condition a flag needs to have
-    an effect. Each is declared once, beside what it is about: on the field (``only_with``), or, for a flag
-    that means something for some environments only, in those environments' specs (``own_flags``)."""
-    table = {f.name: f.metadata.get(ONLY_WITH, ()) for f in fields}
-    for flag, names in flag_owners(specs, "own_flags").items():
-        readers = tuple(script for script, flags in READ_WITHOUT_ENV.items() if flag in flags)
-        table[flag] = (*table[flag], Applies(f"--env {' or '.join(names)}", lambda a, names=names: a.env in names,
-                                             not_in=readers))
-    return {flag: conditions for flag, conditions in table.items() if conditions}
-
-
-def arg_metadata(f: Field) -> dict:
-    """A field's metadata as argparse takes it (without its ``only_with``)."""
-    return {key: value for key, value in f.metadata.items() if key != ONLY_WITH}
-
-
-# The seeds a run takes: NumPy's global generator (utils.seeding.set_seed) accepts no other.
-SEEDS = range(2**32)
-
-
-def need(ok: bool, flag: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"--{flag}: {message}")
-
-
-def flag_owners(specs: dict, kind: str) -> dict[str, list[str]]:
-    """``{flag: [environments]}`` over the specs' ``own_flags`` or ``exclusive_flags``."""
-    owners: dict[str, list[str]] = {}
-    for name, spec in specs.items():
-        for flag in getattr(spec, kind):
-            owners.setdefault(flag, []).append(name)
-    return {flag: sorted(names) for flag, names in owners.items()}
-
-
-def _file_on_the_way(path: Path) -> Path | None:
-    """The file that ``path`` is, or lies under (so it can never be a folder), or None."""
-    for place in (path, *path.parents):
-        if place.exists():
-            return None if place.is_dir() else place
-    return None
-
-
-def output_folders(args, *names: str) -> None:
-    """The flags ``names`` name folders a run writes into: none may be an existing file, or lie under one."""
-    for name in names:
-        value = getattr(args, name)
-        blocker = _file_on_the_way(Path(value)) if value else None
-        if blocker is not None:
-            need(False, name, f"{value} is a file, not a folder" if blocker == Path(value)
-                 else f"{value} cannot be a folder: {blocker} is a file")
-
-
-def _at_least(args, minimum, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name)
-        need(value is None or value >= minimum, name, f"must be >= {minimum}, got {value}")
-
-
-def _positive(args, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name)
-        need(value is None or value > 0, name, f"must be > 0, got {value}")
-
-
-def _probability(args, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name)
-        need(value is None or 0.0 <= value <= 1.0, name, f"must be in [0, 1], got {value}")
-
-
-@dataclass
-class _Group:
-    """End of the ``__post_init__`` chain: each group checks its fields, then calls ``super()``."""
-
-    def __post_init__(self) -> None:
-        pass
-
-
-@dataclass
-class ModelArguments(_Group):
-    """The models of a run: the base model, the adapters to start from, LoRA and precision."""
-
-    TITLE: ClassVar[str] = "model, LoRA and precision"
-
-    model_name: str = _arg(
-        "gpt2-xl",
-        "Base model: a Hugging Face hub id, a local model directory, a .gguf file (made into a float model "
-        "folder once, in the cache; needs the gguf package), or 'tiny-gpt2' (built offline, random weights, for "
-        "tests and the CPU demo).")
-    load_dir: str | None = _arg(
-        None,
-        "Adapter directory of the policy to start from (an SFT checkpoint-N/). "
-        "RL fine-tunes it; without it RL trains a new LoRA on the base model.", NO_LOAD_LIST)
-    reflect_model_name: str | None = _arg(
-        None, "Base model of the reflection model (default: --model_name).", only_with=REFLECTOR)
-    reflect_load_dir: str | None = _arg(
-        None,
-        "Adapter directory of the frozen reflection model. Reflection is used iff this is given "
-        "(unless --reflect says otherwise).", NO_LOAD_LIST, aliases=["--reflectload_dir"])
-    use_peft: bool = _arg(True, "Train LoRA adapters (peft) instead of all weights.")
-    peft_lora_r: int = _arg(64, "LoRA rank.", NEW_LORA, aliases=["--lora_r"])
-    peft_lora_alpha: int = _arg(16, "LoRA alpha.", NEW_LORA, aliases=["--lora_alpha"])
-    lora_dropout: float = _arg(0.1, "LoRA dropout.", NEW_LORA)
-    lora_target_modules: list[str] | None = _arg(
-        None, "Module names LoRA adapts (default: peft's choice for the architecture).", NEW_LORA)
-    load_in_8bit: bool = _arg(
-        True, "Load the base model in 8 bits (bitsandbytes; CUDA only, ignored on CPU).", aliases=["--use_8bit"])
-    load_in_4bit: bool = _arg(False, "Load the base model in 4 bits (bitsandbytes; CUDA only).",
-                              aliases=["--use_4bit"])
-    bnb_4bit_quant_type: Literal["nf4", "fp4"] = _arg("nf4", "4-bit quantisation type (with --load_in_4bit).",
-                                                      FOUR_BIT)
-    bnb_4bit_compute_dtype: Literal["float16", "bfloat16", "float32"] | None = _arg(
-        None, "Compute dtype of 4-bit layers (default: that of --bf16/--fp16).", FOUR_BIT)
-    use_nested_quant: bool = _arg(False, "Quantise the 4-bit quantisation constants too (double quantisation).",
-                                  FOUR_BIT)
-    disable_dropout: bool = _arg(False, "Set every dropout of the trained model, LoRA's included, to 0.")
-    bf16: bool = _arg(True, "Compute in bfloat16 (CUDA; on a CPU only with --cpu_bf16, else fp32).")
-    cpu_bf16: bool = _arg(
-        False, "Without CUDA, compute in bfloat16 on the CPU: about 2x faster forward passes where the CPU has "
-        "native bf16 (AVX512-BF16, AMX), slower where it does not. Off: float32, the same numbers on every CPU.",
-        NO_CUDA)
-    fp16: bool = _arg(False, "Compute in float16 (CUDA only).")
-    attn_implementation: Literal["auto", "sdpa", "eager"] = _arg(
-        "auto", "Attention kernel (transformers' attn_implementation). auto: eager for a model trained in bfloat16 "
-        "on a CPU, where torch's sdpa backward pass is about twice as slow (benchmarks/sft_step.py); elsewhere "
-        "transformers' choice for the architecture (sdpa where it has it). The two compute the same attention, "
-        "rounded differently.")
-    contiguous_head: bool = _arg(
-        True, "Give the LM head its rows as a contiguous tensor. transformers hands it a strided slice "
-        "(hidden[:, -1:, :]) when only the last position's logits are wanted, and torch's matmul then copies the "
-        "head's weight once per row of the batch: SmolLM2's first generation step at batch 16 took 4.7 s "
-        "instead of 9 ms in bfloat16 on a CPU (benchmarks/rl_iteration.py). The same product, by another kernel "
-        "(--no_contiguous_head: as transformers calls it).")
-    adapter_autocast: bool = _arg(
-        False, "Multiply LoRA adapters in the base model's bfloat16/float16 (torch.autocast), as the Trainer's mixed "
-        "precision does in SFT; their weights, gradients and Adam states stay float32. peft keeps adapters in "
-        "float32 and casts each layer's input up and its output back: a quarter of the time of an update pass of "
-        "SmolLM2 in bfloat16 on a CPU (benchmarks/rl_iteration.py). Off by default: in RL with trained SmolLM2 "
-        "checkpoints it did not pay (2.83 against 2.65 s per 1,000 tokens). Another arithmetic, as bf16 is; no "
-        "effect on a float32 model (off: peft's float32 products).")
-    gradient_checkpointing: bool = _arg(False, "Trade compute for memory in SFT and RL.")
-    shrink_head: bool = _arg(
-        False,
-        "Replace the policy's LM head by one over the choice-label tokens only "
-        "(rows copied from the model's head, frozen).")
-    max_seq_length: int = _arg(
-        1024, "Longest prompt in tokens; longer prompts are cut from the left.")
-
-    def __post_init__(self) -> None:
-        need(not (self.load_in_8bit and self.load_in_4bit), "load_in_4bit", "cannot be combined with --load_in_8bit")
-        need(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
-        _at_least(self, 1, "peft_lora_r")
-        _at_least(self, 16, "max_seq_length")
-        _positive(self, "peft_lora_alpha")
-        need(0.0 <= self.lora_dropout < 1.0, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
-        super().__post_init__()
 
 
 @dataclass

@@ -1,12 +1,12 @@
-"""The flags' groups of data generation, the LLM backend, evaluation and logging (the others, and
-the helpers every group uses, are in ``utils/arg_groups.py``); ``experiment_args.ScriptArguments``
-composes them all."""
+"""The flags' groups of data generation, the LLM backend, evaluation and logging (the others are in
+``utils/arg_groups.py`` and ``utils/arg_groups_model.py``, the helpers every group uses in ``utils/arg_fields.py``);
+``experiment_args.ScriptArguments`` composes them all."""
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from utils.arg_groups import (
+from utils.arg_fields import (
     API,
     ONLY_EVALUATION,
     ONLY_RL,

@@ -28,7 +28,8 @@ from torch import nn
 from prompts import ANALYZE_MARKER, check_label_file, completion_start, label_alphabet, write_label_file
 from utils.errors import UsageError
 from utils.io import write_text_atomic
-from utils.models import full_head, policy_labels
+from utils.lm_head import full_head
+from utils.models import policy_labels
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE  # noqa: F401 (checkpoints.SETTINGS_FILE ...)
 from utils.seeding import rng_state, set_rng_state
 
@@ -349,7 +350,7 @@ def checkpoint_problems(args, directory: str | Path, player: str) -> tuple[list[
 def _read_differently(args, settings: dict) -> dict[str, list[str]]:
     """The :data:`READ_SETTINGS` on which ``settings`` (a checkpoint's) and ``args`` differ, by severity."""
     from envs import ENVS, env_spec
-    from utils.arg_groups import flag_owners
+    from utils.arg_fields import flag_owners
 
     others = set(flag_owners(ENVS, "own_flags")) - set(env_spec(args.env).own_flags)  # other envs' own flags
     found: dict[str, list[str]] = {ERROR: [], WARN: []}

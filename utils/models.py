@@ -1,16 +1,13 @@
-"""THE model/tokenizer loader of every script, and the shrunk label head.
+"""THE model/tokenizer loader of every script, with the device and precision it loads in.
 
 Every script loads models through :func:`load_model_and_tokenizer`; there is no other
-path. The policy may replace its LM head by a :class:`LabelHead` over the choice-label
-tokens (``--shrink_head``); :func:`full_head` switches back for generation and saving.
+path. Where a ``--model_name`` is found is ``utils/model_paths.py``'s; the policy's label head
+(``--shrink_head``) and the full head put back are ``utils/lm_head.py``'s.
 """
 
 import contextlib
-import functools
 import logging
 import os
-import shutil
-import tempfile
 import types
 import warnings
 from pathlib import Path
@@ -22,11 +19,9 @@ from torch import nn
 from prompts import LABELS, check_label_file, label_alphabet, label_token_ids
 from utils import cpu
 from utils.errors import UsageError
-
-logger = logging.getLogger(__name__)
-
-TINY_MODEL = "tiny-gpt2"
-
+from utils.lm_head import contiguous_head_input, shrink_lm_head
+from utils.log_filters import BNB_CAST_LOGGER, say_once
+from utils.model_paths import TINY_MODEL, resolve_model_path
 
 # --- devices and precision ----------------------------------------------------------------
 
@@ -66,116 +61,6 @@ def attention_kernel(args, trainable: bool) -> str | None:
 
 
 # --- the model/tokenizer loader ----------------------------------------------------------
-
-def resolve_model_path(model_name: str) -> str:
-    """Where ``from_pretrained`` finds ``model_name``.
-
-    A local directory stays as it is; ``tiny-gpt2`` is built (once) and cached; a ``.gguf`` file is
-    dequantised (once) into a float model folder in the cache; a hub id is :func:`hub_model`'s.
-    """
-    if model_name == TINY_MODEL:
-        from utils import tiny_gpt2
-
-        return str(tiny_gpt2.tiny_gpt2_path())
-    if model_name.endswith(".gguf"):
-        return str(gguf_folder(model_name))
-    if Path(model_name).expanduser().is_dir():
-        return model_name
-    return hub_model(model_name)
-
-
-HUB_PROBE_SECONDS = 3.0  # how long the hub may take to answer before it counts as out of reach
-
-
-def hub_model(model_id: str) -> str:
-    """``model_id`` as ``from_pretrained`` should get it: the id itself where the hub can be reached (it
-    downloads what the cache lacks), else the model's folder in the local Hugging Face cache.
-
-    Without the hub (``HF_HUB_OFFLINE`` set, or no answer within :data:`HUB_PROBE_SECONDS`) a model that is
-    not in the cache is a ``UsageError`` at once, saying that nothing can be downloaded: transformers would
-    otherwise retry for about a minute, then fail with a traceback. A name that is no hub id (a path that
-    does not exist, say) is one too.
-    """
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(model_id)
-    except HFValidationError:
-        raise UsageError(f"--model_name {model_id!r}: no such model folder (nor a Hugging Face hub id, "
-                         "a .gguf file or tiny-gpt2)") from None
-    if not constants.HF_HUB_OFFLINE and _hub_reachable(constants.ENDPOINT):
-        return model_id
-    try:
-        return snapshot_download(model_id, local_files_only=True)
-    except (OSError, ValueError):
-        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
-        raise UsageError(f"--model_name {model_id!r}: not a local folder nor in the Hugging Face cache, and {why}: "
-                         "nothing can be downloaded (give a local model folder, a .gguf file or tiny-gpt2, or "
-                         "download the model where the hub can be reached)") from None
-
-
-@functools.lru_cache(maxsize=4)
-def _hub_reachable(endpoint: str) -> bool:
-    """Whether the hub answers at all (any HTTP status) within :data:`HUB_PROBE_SECONDS`; asked once per process."""
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)
-    except Exception:  # noqa: BLE001 - any failure to connect (DNS, refused, timeout, proxy) means out of reach
-        return False
-    return True
-
-
-def gguf_folder(gguf_file: str | os.PathLike) -> Path:
-    """The float model folder of a ``.gguf`` file, made on first use by transformers' GGUF loader
-    (needs the ``gguf`` package) and kept in the cache under the file's content hash."""
-    import transformers
-
-    from utils.paths import cache_root
-
-    source = Path(gguf_file).expanduser().resolve()
-    if not source.is_file():
-        raise UsageError(f"--model_name: no such GGUF file {str(gguf_file)!r}")
-    stat = source.stat()
-    key = f"{_file_digest(source, stat.st_size, stat.st_mtime_ns)}-transformers{transformers.__version__}"
-    target = cache_root() / f"gguf-{source.stem}-{key}"
-    if (target / "config.json").is_file():
-        return target
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise UsageError(f"--model_name {str(gguf_file)!r}: reading a .gguf file needs the 'gguf' package "
-                         "(pip install gguf)") from None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    logger.info("dequantising %s into %s (once)", source, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(scratch)
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-        if getattr(model, "hf_quantizer", None) is not None:  # the loader dequantised: the weights are floats
-            model.hf_quantizer.remove_quantization_config(model)
-        model.save_pretrained(scratch)
-        try:
-            os.rename(scratch, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
-
-
-@functools.lru_cache(maxsize=8)
-def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
-    """:func:`paths.file_digest`, once per process while the file is unchanged."""
-    from utils.paths import file_digest
-
-    return file_digest(path)
-
 
 def load_tokenizer(model_name: str):
     """The tokenizer of ``model_name``: left padding (EOS pads where it has no pad token),
@@ -393,26 +278,6 @@ def _forward_under_autocast(layer: nn.Module, *args, **kwargs):
         return type(layer).forward(layer, *args, **kwargs)
 
 
-def _contiguous_input(module: nn.Module, inputs: tuple) -> tuple:
-    return (inputs[0].contiguous(), *inputs[1:])
-
-
-def contiguous_head_input(model: nn.Module) -> None:
-    """Make the LM head (and, under a label head, the full head :func:`full_head` puts back) read a contiguous
-    copy of its input (``--contiguous_head``).
-
-    With ``logits_to_keep``, transformers passes the head ``hidden[:, -1:, :]``, a strided view. torch's
-    ``matmul`` cannot fold such a 3-D input into one matrix product: it broadcasts the head's weight to every
-    row of the batch and copies it (batch x vocabulary x hidden values, 906 MB for SmolLM2 at batch 16 in
-    bfloat16) before a batched product. A contiguous input takes the single matrix product."""
-    head = base_model(model).get_output_embeddings()
-    heads = [head, head.full_head] if isinstance(head, LabelHead) else [head]
-    for module in heads:
-        if module is not None and not getattr(module, "_contiguous_input", False):
-            module.register_forward_pre_hook(_contiguous_input)
-            module._contiguous_input = True
-
-
 def disable_dropout(model: nn.Module) -> int:
     """Set every dropout of ``model`` (the base model's and LoRA's) to p = 0 (``--disable_dropout``, the
     paper's flag): training then sees the same network as sampling. Returns how many were changed."""
@@ -452,122 +317,3 @@ def _quiet_peft():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         yield
-
-
-# --- the shrunk label head ---------------------------------------------------------------
-
-class LabelHead(nn.Module):
-    """An LM head over the choice-label tokens only: rows copied from the full head, frozen.
-
-    Its logits are exactly the full head's logits at the label tokens, in the order
-    of the tokenizer's :func:`prompts.label_alphabet`; the full head is kept so it can be switched back.
-    """
-
-    def __init__(self, full_head: nn.Linear, token_ids: list[int]):
-        super().__init__()
-        index = torch.tensor(token_ids, device=full_head.weight.device)
-        self.register_buffer("label_weight", full_head.weight.detach()[index].clone(), persistent=False)
-        bias = full_head.bias.detach()[index].clone() if full_head.bias is not None else None
-        self.register_buffer("label_bias", bias, persistent=False)
-        self.token_ids = list(token_ids)
-        self._full_head = (full_head,)  # a tuple, so it is not registered as a submodule
-
-    @property
-    def full_head(self) -> nn.Linear:
-        return self._full_head[0]
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        bias = None if self.label_bias is None else self.label_bias.to(hidden.dtype)
-        return nn.functional.linear(hidden, self.label_weight.to(hidden.dtype), bias)
-
-
-def base_model(model: nn.Module) -> nn.Module:
-    """The transformers model under a peft wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def shrink_lm_head(model: nn.Module, token_ids: list[int]) -> LabelHead:
-    base = base_model(model)
-    head = base.get_output_embeddings()
-    if isinstance(head, LabelHead):
-        return head
-    if head.weight.requires_grad:
-        # Training all weights (--no_use_peft): the head rows are a frozen copy, so the
-        # embedding matrix tied to them must stay frozen too, or a saved and reloaded
-        # model would no longer score labels as it did in training.
-        head.weight.requires_grad_(False)
-        logger.info("label head: the output/embedding matrix is frozen; the other weights train")
-    label_head = LabelHead(head, token_ids)
-    base.set_output_embeddings(label_head)
-    return label_head
-
-
-def label_head(model: nn.Module) -> LabelHead | None:
-    """The model's label head if its head is shrunk, else None."""
-    head = base_model(model).get_output_embeddings()
-    return head if isinstance(head, LabelHead) else None
-
-
-@contextlib.contextmanager
-def full_head(model: nn.Module):
-    """Temporarily put the full LM head back (for generation, or saving a full model)."""
-    base = base_model(model)
-    shrunk = label_head(model)
-    if shrunk is None:
-        yield model
-        return
-    base.set_output_embeddings(shrunk.full_head)
-    try:
-        yield model
-    finally:
-        base.set_output_embeddings(shrunk)
-
-
-# bitsandbytes' 8-bit layers log "MatMul8bitLt: inputs will be cast from torch.bfloat16 to float16 during
-# quantization" at every product whose input is not float16: with the paper's defaults (8-bit weights, bf16
-# compute) an RL iteration at GPT-2 XL's size logged it 27,520 times (an H200, 2026-11-28).
-BNB_CAST_LOGGER = "bitsandbytes.autograd._functions"
-
-
-class _SaidOnce(logging.Filter):
-    """Let each distinct message of a logger through once, and drop its repeats."""
-
-    def __init__(self):
-        super().__init__()
-        self.said: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message in self.said:
-            return False
-        self.said.add(message)
-        return True
-
-
-def say_once(name: str) -> None:
-    """Each distinct message of logger ``name`` is logged once per process."""
-    _filter_once(name, _SaidOnce)
-
-
-def _filter_once(name: str, kind: type[logging.Filter]) -> None:
-    """Put a ``kind`` filter on logger ``name``, unless it has one."""
-    target = logging.getLogger(name)
-    if not any(isinstance(f, kind) for f in target.filters):
-        target.addFilter(kind())
-
-
-class _UnpaddedGenerateWarning(logging.Filter):
-    """Drop transformers' "strongly recommend passing in an `attention_mask`" line for our ``generate``.
-
-    We always pass the mask. When a batch needs no padding, ``generate`` drops the all-ones mask
-    itself, and once a row has finished it is filled with the pad (= eos) token, which makes
-    GPT-2 warn although nothing attends to padding.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "passing in an `attention_mask`" not in record.getMessage()
-
-
-def silence_unpadded_generate_warning() -> None:
-    """Install the filter once (by the first rollout, not at import)."""
-    _filter_once("transformers.modeling_utils", _UnpaddedGenerateWarning)

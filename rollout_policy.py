@@ -1,0 +1,149 @@
+"""The policy's side of the two-player rollout: one batched forward pass gives the log-probabilities of the choice
+labels after each policy prompt (:class:`PolicyScorer`, read by the rollout and by the learners' updates), the
+passes a training rollout keeps for the update (:class:`KeptPasses`), and the left-cut, left-padded batches both
+players' prompts are read in (:func:`cut_left`, :func:`pad_left`)."""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from prompts import label_alphabet, label_token_ids
+from rollout_records import Decision
+from utils import lm_head
+from utils.kv_cache import PrefixKV, WeightsWatch
+
+
+class Choice(NamedTuple):
+    """The policy's pick at one step."""
+
+    action: int  # index into the policy's label alphabet
+    logprob: float  # at the temperature
+    entropy: float  # of the distribution over the valid labels
+    row: torch.Tensor | None = None  # the label log-probs with their graph, where the pass is kept for the update
+
+
+class KeptPasses:
+    """The policy's forward passes of the latest training rollout, kept with their autograd graphs so that the
+    update reads each decision's label log-probs from them instead of reading its prompt again
+    (``--reuse_rollout_pass``).
+
+    Valid only at the weights they were computed with: each parameter's version counter is compared when the
+    update takes them, and any in-place change since (an optimiser step, weights swapped in) drops them all.
+    A backward pass frees a graph for every row of its forward pass, so they are taken once, in one piece:
+    the leading run of the given decisions that has kept rows; whatever else was kept is dropped.
+    """
+
+    def __init__(self, policy):
+        self.watch = WeightsWatch(policy)
+        self.rows: dict[int, tuple[Decision, torch.Tensor]] = {}  # id(decision) -> (decision, its row)
+
+    def clear(self) -> None:
+        """Forget every kept pass (a new training rollout begins at the current weights)."""
+        self.rows.clear()
+        self.watch.changed()
+
+    def keep(self, decision: "Decision", row: torch.Tensor) -> None:
+        self.rows[id(decision)] = (decision, row)
+
+    def take(self, decisions: list["Decision"]) -> list[torch.Tensor]:
+        """The kept rows of the leading decisions that have one (none if the weights changed since), consumed."""
+        if not self.rows:
+            return []
+        taken = []
+        if not self.watch.changed():
+            for decision in decisions:
+                entry = self.rows.get(id(decision))
+                if entry is None or entry[0] is not decision:
+                    break
+                taken.append(entry[1])
+        self.rows.clear()
+        return taken
+
+
+@dataclass
+class LabelScores:
+    """What one batched policy forward pass gives."""
+
+    logprobs: torch.Tensor  # (B, len(labels)) log-probabilities at the temperature, -inf outside the valid labels
+    hidden: torch.Tensor | None  # (B, hidden) last hidden state at the action marker, if asked for
+    truncated: int  # prompts cut from the left at max_seq_length
+    tokens: int  # prompt tokens read
+
+
+@dataclass
+class Encoded:
+    """A left-padded batch of prompts (see :func:`pad_left`)."""
+
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, position_ids
+    truncated: int
+    tokens: int
+
+
+class PolicyScorer:
+    """Log-probabilities of the choice labels after policy prompts (with or without gradient).
+
+    The labels are the tokenizer's alphabet (:func:`prompts.label_alphabet`); ``label_index``
+    maps a label to its column.
+    """
+
+    def __init__(self, policy, tokenizer, max_seq_length: int, temperature: float):
+        self.policy, self.tokenizer = policy, tokenizer
+        self.max_seq_length, self.temperature = max_seq_length, temperature
+        self.labels = label_alphabet(tokenizer)
+        self.label_index = {label: i for i, label in enumerate(self.labels)}
+        self.label_ids = torch.tensor(label_token_ids(tokenizer, self.labels))
+        self.kept = KeptPasses(policy)  # the training rollout's passes, for the update (--reuse_rollout_pass)
+
+    def logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool = False,
+                 prefix: PrefixKV | None = None) -> LabelScores:
+        """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i; the prompts'
+        shared prefix read once through ``prefix`` where given (no gradient: the rollout's choices)."""
+        ids, truncated = cut_left(self.tokenizer, prompts, self.max_seq_length)
+        device = _device(self.policy)
+        prepared = prefix.prepare(ids, self.tokenizer.pad_token_id, device) if prefix is not None else None
+        if prepared is None:
+            encoded = pad_left(self.tokenizer, ids, truncated, device)
+            out = self.policy(**encoded.inputs, logits_to_keep=1, output_hidden_states=with_hidden)
+            tokens = encoded.tokens
+        else:
+            out = self.policy(input_ids=prepared.input_ids[:, prepared.prefix:], attention_mask=prepared.attention_mask,
+                              position_ids=prepared.position_ids, cache=prepared.cache, use_cache=True,
+                              logits_to_keep=1, output_hidden_states=with_hidden)
+            tokens = prepared.tokens
+        logits = out.logits[:, -1, :].float()
+        if lm_head.label_head(self.policy) is None:
+            logits = logits[:, self.label_ids.to(logits.device)]
+        mask = torch.zeros_like(logits, dtype=torch.bool)
+        for row, indices in enumerate(valid):
+            mask[row, indices] = True
+        logp = torch.log_softmax((logits / self.temperature).masked_fill(~mask, float("-inf")), dim=-1)
+        hidden = out.hidden_states[-1][:, -1, :].float() if with_hidden else None
+        return LabelScores(logp, hidden, truncated, tokens)
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def cut_left(tokenizer, prompts: list[str], max_length: int) -> tuple[list[list[int]], int]:
+    """Each prompt's token ids cut from the left at ``max_length``, and how many were cut."""
+    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    return [x[-max_length:] for x in ids], sum(len(x) > max_length for x in ids)
+
+
+def pad_left(tokenizer, ids: list[list[int]], truncated: int, device) -> Encoded:
+    """Token ids (already cut to length) as a left-padded batch."""
+    width = max(map(len, ids))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+    attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    # Left padding must not shift positions: each prompt's first real token is position 0.
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    batch = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
+    return Encoded({k: v.to(device) for k, v in batch.items()}, truncated, int(attention.sum()))
+
+
+def entropy_of(logp: torch.Tensor) -> torch.Tensor:
+    probs = logp.exp()
+    return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
