@@ -33,7 +33,7 @@ from utils.arg_groups import CurriculumArguments, EnvArguments, OptimArguments, 
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
 from utils.arg_groups_model import ModelArguments
 from utils.errors import UsageError
-from utils.gpu import cuda_available
+from utils.cuda import cuda_available
 from utils.io import read_input
 from utils.parity import PRESETS
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE

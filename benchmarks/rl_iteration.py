@@ -54,7 +54,7 @@ from rollout import TwoPlayerRollout
 from utils import cpu
 from utils.cpu import cpu_native_bf16
 from utils.errors import UsageError
-from utils.gpu import cuda_available
+from utils.cuda import cuda_available
 
 
 @dataclasses.dataclass(frozen=True)

@@ -227,7 +227,7 @@ def test_no_script_changes_a_setting_after_parsing():
 
     assignment = re.compile(r"\bargs\.\w+\s*(,\s*args\.\w+\s*)*=[^=]|setattr\(\s*args\b")
     offenders = [f"{path.relative_to(REPO)}:{number}" for path in REPO.rglob("*.py")
-                 if not {".venv", "tests"} & set(path.relative_to(REPO).parts)
+                 if not {".venv", "tests", "build", ".cache"} & set(path.relative_to(REPO).parts)
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if assignment.search(line)]
     assert offenders == []
@@ -269,23 +269,23 @@ def test_whether_a_gpu_is_seen_is_known_without_torch_from_its_build_and_the_dri
 
     import torch
 
-    from utils import gpu
+    from utils import cuda as probe
 
-    assert gpu._gpu_without_torch() in (None, torch.cuda.is_available())  # the installed torch, here
+    assert probe._gpu_without_torch() in (None, torch.cuda.is_available())  # the installed torch, here
     fake = tmp_path / "torch"
     fake.mkdir()
     spec = importlib.util.spec_from_file_location("torch", fake / "__init__.py", submodule_search_locations=[str(fake)])
-    monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(probe.importlib.util, "find_spec", lambda name: spec)
     cpu, cuda, rocm = "cuda = None\nhip = None\n", "cuda = '12.4'\nhip = None\n", "cuda = None\nhip = '6.2.41133'\n"
     for text, driver, known in ((cpu, (1, 12040), False), (cuda, (0, 0), False), (cuda, (0, 12040), False),
                                 (cuda, (1, 12040), True), (cuda, (2, 13000), True), (cuda, (1, 12000), True),
                                 (cuda, (1, 11080), None), (rocm, (0, 0), None), ("cuda = (\n", (1, 12040), None),
                                 ("cuda = 'x.y'\nhip = None\n", (1, 12040), None)):
-        monkeypatch.setattr(gpu, "_cuda_driver", lambda driver=driver: driver)
+        monkeypatch.setattr(probe, "_cuda_driver", lambda driver=driver: driver)
         (fake / "version.py").write_text(text)
-        assert gpu._gpu_without_torch() is known, (text, driver)
+        assert probe._gpu_without_torch() is known, (text, driver)
     (fake / "version.py").unlink()
-    assert gpu._gpu_without_torch() is None
+    assert probe._gpu_without_torch() is None
 
 
 def test_the_cuda_driver_is_asked_for_its_devices_and_version_and_a_missing_one_shows_none(monkeypatch):
@@ -294,7 +294,7 @@ def test_the_cuda_driver_is_asked_for_its_devices_and_version_and_a_missing_one_
     and its CUDA version."""
     import ctypes
 
-    from utils import gpu
+    from utils import cuda as probe
 
     class Driver:
         def __init__(self, init=0, status=0, count=2, version=13000, version_status=0):
@@ -319,9 +319,9 @@ def test_the_cuda_driver_is_asked_for_its_devices_and_version_and_a_missing_one_
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(gpu.ctypes, "CDLL", missing)
-    assert gpu._cuda_driver() == (0, 0)
+    monkeypatch.setattr(probe.ctypes, "CDLL", missing)
+    assert probe._cuda_driver() == (0, 0)
     for driver, seen in ((Driver(), (2, 13000)), (Driver(init=100), (0, 0)), (Driver(status=3), (0, 0)),
                          (Driver(count=0), (0, 13000)), (Driver(version_status=1), (0, 0))):
-        monkeypatch.setattr(gpu.ctypes, "CDLL", lambda name, driver=driver: driver)
-        assert gpu._cuda_driver() == seen
+        monkeypatch.setattr(probe.ctypes, "CDLL", lambda name, driver=driver: driver)
+        assert probe._cuda_driver() == seen

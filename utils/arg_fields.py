@@ -11,7 +11,7 @@ from dataclasses import Field, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from utils.gpu import cuda_available
+from utils.cuda import cuda_available
 
 # --- when a flag has an effect: the one table of the "does not apply" warning ---------------------
 

@@ -38,7 +38,7 @@ from utils.arg_fields import (
     need,
     output_folders,
 )
-from utils.gpu import cuda_available
+from utils.cuda import cuda_available
 
 logger = logging.getLogger(__name__)
 
