@@ -32,8 +32,8 @@ from utils.arg_fields import RL_SCRIPT, SFT_SCRIPT, applicability, arg_metadata,
 from utils.arg_groups import CurriculumArguments, EnvArguments, OptimArguments, RLArguments
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
 from utils.arg_groups_model import ModelArguments
-from utils.errors import UsageError
 from utils.cuda import cuda_available
+from utils.errors import UsageError
 from utils.io import read_input
 from utils.parity import PRESETS
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE

@@ -53,8 +53,8 @@ from experiment_args import one_line_usage_errors, parse_args
 from rollout import TwoPlayerRollout
 from utils import cpu
 from utils.cpu import cpu_native_bf16
-from utils.errors import UsageError
 from utils.cuda import cuda_available
+from utils.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,107 @@
+"""What the GPU profile's SFT costs a step on this CPU, per column, and the GPU window it implies.
+
+    python -m benchmarks.gpu_profile_cost [--columns taxi_pickup auto_explore alfworld] [--steps 3]
+        [--data_dir DIR] [--data_episodes 40] [--out FILE.json]
+
+For each column: its GPU profile's data steps (``recipes/<column>.py``, ``on_gpu_profile``) with the profile's model
+(SmolLM2-135M-Instruct) into ``--data_dir/<column>`` (kept, and reused when there; Taxi and ALFWorld at
+``--data_episodes`` episodes), then for the reflector's and the policy's SFT texts: how many there are, their length in
+the model's tokens (as SFT cuts them), and the seconds of ``--steps`` SFT steps at the profile's batch, in bfloat16
+where this CPU computes it natively (else float32), with the scripts' own loader (``benchmarks.sft_step``).
+
+The GPU estimate scales each step by the one SFT step measured on both machines: the Taxi reflector's step of 16
+texts, 0.21 s on an H200 with two other SFTs sharing it (README, "Bring your own model", 2026-11-28: 400 steps in
+85 s) against its seconds here, measured in the same run. It is an estimate, not a measurement: the ratio of a GPU's
+speed to a CPU's is not the same for every text length, and five SFTs share a GPU where that one shared it with two.
+"""
+
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.rows import own_flags, print_table, save, steady_mean
+from benchmarks.sft_step import train_steps
+from experiment_args import one_line_usage_errors, parse_args
+
+PROG = "python -m benchmarks.gpu_profile_cost"
+H200_TAXI_REFLECTOR_STEP = 0.21  # seconds: 400 steps in 85 s, three SFTs sharing one H200 (2026-11-28)
+CALIBRATION = ("taxi_pickup", "reflector")
+ROLES = ("reflector", "policy")  # one of each kind of text (the other roles' files are alike)
+
+
+def column_data(recipe, folder: Path, episodes: int) -> None:
+    """The column's data at the profile's settings, unless ``folder`` holds it."""
+    import demo
+
+    if all((folder / recipe.sft[role].file).is_file() for role in ROLES):
+        return
+    if "data_episodes" in recipe.extra:
+        recipe = dataclasses.replace(recipe, extra={**recipe.extra, "data_episodes": episodes})
+    for main, argv in recipe.data(recipe, 0, folder):
+        demo.call(main, argv)
+
+
+def lengths(model_name: str, task_file: Path, limit: int) -> list[int]:
+    """Each text's length in the model's tokens, cut at ``limit`` as SFT cuts it."""
+    from transformers import AutoTokenizer
+
+    from supervised_pretrain import read_texts
+    from utils.model_paths import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_name))
+    return [min(limit, len(tokenizer(text)["input_ids"])) for text in read_texts(str(task_file))]
+
+
+def measure(recipe, role: str, folder: Path, steps: int, native_bf16: bool) -> dict:
+    spec = recipe.sft[role]
+    argv = [*recipe.model, *recipe.sft_flags, *spec.flags, f"--task_file={folder / spec.file}", f"--max_steps={steps}",
+            f"--learning_rate={spec.learning_rate}", "--seed=0", *(["--cpu_bf16"] if native_bf16 else [])]
+    args = parse_args(argv, prog=PROG)
+    found = lengths(args.model_name, folder / spec.file, args.max_seq_length)
+    trained = train_steps(argv)
+    return {"texts": len(found), "tokens_mean": statistics.fmean(found), "tokens_median": statistics.median(found),
+            "tokens_max": max(found), "batch": args.per_device_train_batch_size, "cpu_s_per_step": steady_mean(
+                trained["seconds"]), "profile_steps": spec.steps}
+
+
+def main(argv: list[str]) -> int:
+    own, argv = own_flags(argv, PROG, __doc__, {
+        "--columns": {"nargs": "+", "default": ["taxi_pickup", "auto_explore", "alfworld"]},
+        "--steps": {"type": int, "default": 3}, "--data_dir": {"default": "results/gpu_profile_cost"},
+        "--data_episodes": {"type": int, "default": 40}})
+    from recipes import RECIPES, gpu
+    from utils.cpu import cpu_native_bf16
+
+    model = parse_args(argv, prog=PROG).model_name if any(a.startswith("--model_name") for a in argv) else \
+        gpu.default_model()
+    native = bool(cpu_native_bf16())
+    columns = list(dict.fromkeys([CALIBRATION[0], *own.columns]))
+    results = []
+    for name in columns:
+        recipe = RECIPES[name].gpu(model)
+        folder = Path(own.data_dir) / name
+        column_data(recipe, folder, own.data_episodes)
+        for role in ROLES:
+            results.append({"column": name, "role": role, **measure(recipe, role, folder, own.steps, native)})
+    reference = next(r for r in results if (r["column"], r["role"]) == CALIBRATION)["cpu_s_per_step"]
+    scale = H200_TAXI_REFLECTOR_STEP / reference
+    for result in results:
+        result["gpu_s_per_step_estimate"] = result["cpu_s_per_step"] * scale
+        result["gpu_sft_seconds_estimate"] = result["gpu_s_per_step_estimate"] * result["profile_steps"]
+    print(f"\nThe GPU profile's SFT on this CPU ({'bfloat16' if native else 'float32'}), {own.steps} steps a role, and "
+          f"the H200 estimate (x {scale:.4f}: the Taxi reflector's step, {H200_TAXI_REFLECTOR_STEP} s there, "
+          f"{reference:.2f} s here)\n")
+    print_table(["column", "role", "texts", "tokens (mean / median / max)", "batch", "CPU s / step", "H200 s / step "
+                 "(estimate)", "steps", "H200 SFT s (estimate)"], ["---", "---", "---:", "---:", "---:", "---:", "---:",
+                                                                  "---:", "---:"],
+                [[r["column"], r["role"], str(r["texts"]), f"{r['tokens_mean']:.0f} / {r['tokens_median']:.0f} / "
+                  f"{r['tokens_max']}", str(r["batch"]), f"{r['cpu_s_per_step']:.2f}",
+                  f"{r['gpu_s_per_step_estimate']:.3f}", str(r["profile_steps"]), f"{r['gpu_sft_seconds_estimate']:.0f}"]
+                 for r in results])
+    save(own.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(one_line_usage_errors(PROG, main, sys.argv[1:]))
