@@ -402,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"results over seeds {seeds} ({root / 'results.md'}):\n\n{report}")
         done.append((recipe, runs))
     if options.task == ALL:
-        table = beside_the_paper(done, model=done[0][0].model_label)
-        write_text_atomic(top / "paper_table.md", table)
-        say(f"the paper's table beside ours ({top / 'paper_table.md'}):\n\n{table}")
+        table = beside_the_paper(done, model=done[0][0].model_label,
+                                 where="GPU" if options.profile in GPU_PROFILES else "CPU")
+        name = "paper_table-gpu.md" if options.profile in GPU_PROFILES else "paper_table.md"
+        write_text_atomic(top / name, table)
+        say(f"the paper's table beside ours ({top / name}):\n\n{table}")
     return 0
 
 

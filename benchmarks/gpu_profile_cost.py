@@ -1,13 +1,14 @@
 """What the GPU profile's SFT costs a step on this CPU, per column, and the GPU window it implies.
 
-    python -m benchmarks.gpu_profile_cost [--columns taxi_pickup auto_explore alfworld] [--steps 3]
-        [--data_dir DIR] [--data_episodes 40] [--out FILE.json]
+    python -m benchmarks.gpu_profile_cost [--columns taxi_pickup auto_explore alfworld] [--steps 7]
+        [--data_dir DIR] [--data_episodes 40] [--cpu_batch 2] [--out FILE.json]
 
 For each column: its GPU profile's data steps (``recipes/<column>.py``, ``on_gpu_profile``) with the profile's model
 (SmolLM2-135M-Instruct) into ``--data_dir/<column>`` (kept, and reused when there; Taxi and ALFWorld at
 ``--data_episodes`` episodes), then for the reflector's and the policy's SFT texts: how many there are, their length in
-the model's tokens (as SFT cuts them), and the seconds of ``--steps`` SFT steps at the profile's batch, in bfloat16
-where this CPU computes it natively (else float32), with the scripts' own loader (``benchmarks.sft_step``).
+the model's tokens (as SFT cuts them), and the seconds of ``--steps`` SFT steps, in bfloat16 where this CPU computes it
+natively (else float32), with the scripts' own loader (``benchmarks.sft_step``): at ``--cpu_batch`` texts a step (a CPU's
+memory holds few of the longest at once), scaled to the profile's batch in proportion.
 
 The GPU estimate scales each step by the one SFT step measured on both machines: the Taxi reflector's step of 16
 texts, 0.21 s on an H200 with two other SFTs sharing it (README, "Bring your own model", 2026-11-28: 400 steps in
@@ -20,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.rows import own_flags, print_table, save, steady_mean
+from benchmarks.rows import own_flags, print_table, save
 from benchmarks.sft_step import train_steps
 from experiment_args import one_line_usage_errors, parse_args
 
@@ -53,28 +54,35 @@ def lengths(model_name: str, task_file: Path, limit: int) -> list[int]:
     return [min(limit, len(tokenizer(text)["input_ids"])) for text in read_texts(str(task_file))]
 
 
-def measure(recipe, role: str, folder: Path, steps: int, native_bf16: bool) -> dict:
+def measure(recipe, role: str, folder: Path, steps: int, native_bf16: bool, cpu_batch: int) -> dict:
+    """A role's texts and their SFT step on this CPU, at ``cpu_batch`` texts (a CPU's memory holds few of the longest
+    at once: 8 AutoExplore texts of up to 1,024 tokens took more than 24 GB in bfloat16), scaled to the profile's
+    batch in proportion."""
     spec = recipe.sft[role]
     argv = [*recipe.model, *recipe.sft_flags, *spec.flags, f"--task_file={folder / spec.file}", f"--max_steps={steps}",
             f"--learning_rate={spec.learning_rate}", "--seed=0", *(["--cpu_bf16"] if native_bf16 else [])]
     args = parse_args(argv, prog=PROG)
     found = lengths(args.model_name, folder / spec.file, args.max_seq_length)
-    trained = train_steps(argv)
+    batch = min(cpu_batch, args.per_device_train_batch_size)
+    trained = train_steps([*argv, f"--per_device_train_batch_size={batch}"])
     return {"texts": len(found), "tokens_mean": statistics.fmean(found), "tokens_median": statistics.median(found),
-            "tokens_max": max(found), "batch": args.per_device_train_batch_size, "cpu_s_per_step": steady_mean(
-                trained["seconds"]), "profile_steps": spec.steps}
+            "tokens_max": max(found), "batch": args.per_device_train_batch_size, "cpu_batch": batch,
+            # the median of the steps after the first: a step with new shapes (oneDNN's kernels made for them) or a
+            # busy moment of a shared machine costs several times a steady one
+            "cpu_s_per_step": statistics.median(trained["seconds"][1:]) * args.per_device_train_batch_size / batch,
+            "profile_steps": spec.steps}
 
 
 def main(argv: list[str]) -> int:
     own, argv = own_flags(argv, PROG, __doc__, {
         "--columns": {"nargs": "+", "default": ["taxi_pickup", "auto_explore", "alfworld"]},
-        "--steps": {"type": int, "default": 3}, "--data_dir": {"default": "results/gpu_profile_cost"},
-        "--data_episodes": {"type": int, "default": 40}})
+        "--steps": {"type": int, "default": 7}, "--data_dir": {"default": "results/gpu_profile_cost"},
+        "--data_episodes": {"type": int, "default": 40}, "--cpu_batch": {"type": int, "default": 2}})
     from recipes import RECIPES, gpu
     from utils.cpu import cpu_native_bf16
 
-    model = parse_args(argv, prog=PROG).model_name if any(a.startswith("--model_name") for a in argv) else \
-        gpu.default_model()
+    asked = parse_args(argv, prog=PROG)  # --help ends here, before anything runs
+    model = asked.model_name if any(a.startswith("--model_name") for a in argv) else gpu.default_model()
     native = bool(cpu_native_bf16())
     columns = list(dict.fromkeys([CALIBRATION[0], *own.columns]))
     results = []
@@ -83,7 +91,8 @@ def main(argv: list[str]) -> int:
         folder = Path(own.data_dir) / name
         column_data(recipe, folder, own.data_episodes)
         for role in ROLES:
-            results.append({"column": name, "role": role, **measure(recipe, role, folder, own.steps, native)})
+            results.append({"column": name, "role": role,
+                            **measure(recipe, role, folder, own.steps, native, own.cpu_batch)})
     reference = next(r for r in results if (r["column"], r["role"]) == CALIBRATION)["cpu_s_per_step"]
     scale = H200_TAXI_REFLECTOR_STEP / reference
     for result in results:

@@ -71,3 +71,4 @@ def on_gpu(recipe: Recipe, model_name: str, *, sft: dict[str, SFTRole], rl: dict
     if short or (gpu.budget.get("eval_level_episodes") and gpu.budget["eval_level_episodes"] < EVAL_EPISODES):
         raise ValueError(f"recipe {gpu.name}: fewer than {EVAL_EPISODES} evaluation episodes per row and level")
     return gpu
+

@@ -47,13 +47,14 @@ def row_order(recipe_runs: list[tuple]) -> list[str]:
     return order
 
 
-def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2") -> str:
-    """The table: per row and column, our mean over seeds with its range, and the paper's figure."""
+def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2", where: str = "CPU") -> str:
+    """The table: per row and column, our mean over seeds with its range, and the paper's figure (``where``: the
+    machine the recipes were made for, CPU or GPU)."""
     ours = ours_by_column(recipe_runs)
     columns = [title for title, _ in PAPER] + [title for title in ours if title not in dict(PAPER)]
     paper = dict(PAPER)
     seeds = sorted({seed for _, runs in recipe_runs for seed in runs})
-    lines = [f"# The paper's table beside ours ({model}, offline, CPU; seeds {', '.join(map(str, seeds))})", "",
+    lines = [f"# The paper's table beside ours ({model}, offline, {where}; seeds {', '.join(map(str, seeds))})", "",
              "Each cell: our mean success over the seeds (min–max) / the paper's (GPT-2 XL). "
              "'–': the row is not in that column; 'not run': no recipe reports that column yet.", "",
              "| model / method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
