@@ -32,7 +32,7 @@ PYTEST_ARGS ?=
 # MKL_CBWR, NumPy's); tests/test_cpu.py checks that they really force it. PORTABLE_LEG=0 skips it.
 PORTABLE_LEG ?= 1
 
-# A column on one GPU (recipes/gpu.py; README, "GPU profile"). gpu-bundle (here, with PyPI at hand) packs what a GPU
+# A column on one GPU (recipes/gpu.py; docs/gpu.md, "The GPU profile"). gpu-bundle (here, with PyPI at hand) packs what a GPU
 # machine without the project's packages lacks into parts of at most 60 MiB; gpu-column runs the column there from
 # the parts (the machine's own python3 with torch) or, without a bundle, from this venv, and packs what it measured
 # into $(GPU_OUT)/<column>-seed<N>/.
@@ -73,7 +73,7 @@ check-lock: $(VENV)/.stamp-torch
 	$(PY) lock/check.py lock/test.txt
 
 # Refresh the lock to the newest releases that pyproject.toml's ranges allow (then re-take the
-# goldens if numbers moved; see the README). demo.txt is resolved within test.txt, so the two agree.
+# goldens if numbers moved; see CONTRIBUTING.md). demo.txt is resolved within test.txt, so the two agree.
 lock: $(VENV)/.stamp-torch
 	@test -x $(VENV)/bin/uv || $(PIP) "$$(sed -n 's/^\(uv==[^ ]*\).*/\1/p' lock/test.txt 2>/dev/null | grep . || echo uv)"
 	$(UV_COMPILE) --upgrade pyproject.toml lock/model.in --extra dev --extra alfworld \

@@ -11,7 +11,7 @@ natively (else float32), with the scripts' own loader (``benchmarks.sft_step``):
 memory holds few of the longest at once), scaled to the profile's batch in proportion.
 
 The GPU estimate scales each step by the one SFT step measured on both machines: the Taxi reflector's step of 16
-texts, 0.21 s on an H200 with two other SFTs sharing it (README, "Bring your own model", 2026-11-28: 400 steps in
+texts, 0.21 s on an H200 with two other SFTs sharing it (docs/gpu.md, SmolLM2's partial run, 2026-11-28: 400 steps in
 85 s) against its seconds here, measured in the same run. It is an estimate, not a measurement: the ratio of a GPU's
 speed to a CPU's is not the same for every text length, and five SFTs share a GPU where that one shared it with two.
 """

@@ -17,7 +17,7 @@ batch's games run side by side in their worker processes (``rollout._pool``). A 
 tokens (prompts are cut from the left at ``--max_seq_length``, 1,024: where the agent holds an object, a
 "move" command per receptacle makes them longer). Seeds 0 and 1
 took 75 min and about 2 h on the 2-core machine under load, seed 2 (SFT without dropout) 76.5 min on free
-cores, every row at 0% on each (README, "ALFWorld: what it measured, and what it costs"), with a validation
+cores, every row at 0% on each (docs/alfworld.md), with a validation
 ablation: 5x the SFT steps, 0.3 random instead of 0.7, and unshuffled labels all left the plain SFT policy at
 a uniform pick (0 of 14 validation episodes).
 """
@@ -110,7 +110,7 @@ RECIPE = Recipe(
 
 # --- the same column on one GPU (``demo.py --profile gpu``), on a pretrained model --------------------------------
 # The policies learn from the expert's command as label (gen_sft --sft_label oracle; the paper: the command taken).
-# On an H200 (2026-11-28, README "ALFWorld"), SmolLM2-135M with this LoRA, reading the data's own reflection, ranked
+# On an H200 (2026-11-28, docs/gpu.md), SmolLM2-135M with this LoRA, reading the data's own reflection, ranked
 # the expert's command first on 89.0% of 420 validation states after 400 SFT steps of 8 texts at 1e-3 with the
 # expert's labels, and on 1.2% with the taken ones (loss on the plateau). The reflector's rate and dropout are the
 # pretrained Taxi recipe's; the RL budget is what a 9-minute window holds by the GPU rates measured so far.

@@ -8,7 +8,7 @@ were fine-tuned on the ``_positive`` files, which keep the trajectories without 
 Every departure from the paper's recipe is a number below, with its reason.
 
 What it measures, honestly: at this budget nothing is learned. On the validation split every row stays
-between 0 and 4% at depth 1 and 0 and 1% at depth 2 (README, "AutoExplore: the ablation"): in 320 SFT
+between 0 and 4% at depth 1 and 0 and 1% at depth 2 (docs/auto_explore.md, the ablation): in 320 SFT
 steps the random-weight reflector does not yet write a well-formed sentence naming a folder or file
 (its advice matches the oracle's on 0 to 5% of held-out states), and in 160 steps the policy does not learn
 to find the label of the command the analysis names among 20-70 shuffled labels. The criteria of the
@@ -61,7 +61,7 @@ GENERALISATION_REPS = 4
 ACTIONS = ("--shuffle_action",)  # the paper's: each state's commands get random labels (gen_sft's data, too)
 TASK = ("--env=auto_explore", *ACTIONS, "--depth_curriculum", "--merge_first_two", VIEW)
 
-# The budget chosen on the validation split (README, "AutoExplore: the ablation"): step B.
+# The budget chosen on the validation split (docs/auto_explore.md, the ablation): step B.
 SFT = {
     "reflector": SFTRole("sft_reflection.jsonl", 320, 2e-3, "cosine"),
     "policy": SFTRole("sft_policy.jsonl", 160, 3e-3, "cosine"),
@@ -153,7 +153,7 @@ RECIPE = Recipe(
 # The paper's file views (the environment's 500 tokens): a GPU reads them. The rates are those the pretrained Taxi
 # recipe chose on validation episodes of SmolLM2-135M (the reflector at 2e-3 with a cosine decay and no dropout, the
 # policies at 1e-3), not yet ablated on this column; the steps and the RL budget are what a 9-minute window holds
-# by the GPU rates measured so far (README, "GPU profile"), to be checked on the first window's validation curves.
+# by the GPU rates measured so far (docs/gpu.md, "The GPU profile"), to be checked on the first window's validation curves.
 GPU_TASK = tuple(flag for flag in TASK if flag != VIEW)
 GPU_REFLECTOR = SFTRole("sft_reflection.jsonl", 300, 2e-3, "cosine", flags=("--disable_dropout",))
 GPU_POLICY = SFTRole("sft_policy.jsonl", 300, 1e-3)

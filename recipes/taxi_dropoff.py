@@ -43,7 +43,7 @@ DATA_EPISODES = 2000  # per level played (pickup, drop-off)
 # advice on about 37% of its moves, and a drop-off ride (5 to 9 actions from one depot to another, with no
 # short ones as pickup has) then never succeeds: 0 of 3,200 validation-level episodes in 200 RL iterations at
 # learning rates 1e-4 and 3e-4, and RL learns to crash at once. From 0.3 data the same RL starts at 10% on the
-# validation panel and climbs (README, "Taxi drop-off: the ablation").
+# validation panel and climbs (docs/taxi_dropoff.md, the ablation).
 DATA_RANDOM_PROB = 0.3
 PICKUP_ITERATIONS = 40  # the curriculum runs' pickup phase, before their drop-off iterations
 DROPOFF_ITERATIONS = 80  # every run's drop-off iterations
@@ -51,7 +51,7 @@ DROPOFF_ITERATIONS = 80  # every run's drop-off iterations
 # The reflector's SFT: 1,500 steps (the pickup column: 1,000). RL teaches the policy to follow the reflector (0.95-0.99
 # of its moves by the end), so the reflector's accuracy on drop-off states sets where every reflecting run ends: at
 # 1,000 steps the seeds' reflectors were right on the whole ride in 18-41 of 60 validation episodes, and Reflect-RL
-# ended at 22-72% with or without the curriculum (README, "Taxi drop-off: the ablation", steps 5 and 6).
+# ended at 22-72% with or without the curriculum (docs/taxi_dropoff.md, the ablation, steps 5 and 6).
 REFLECTOR_STEPS = 1500
 SFT = {**taxi_pickup.SFT, "reflector": dataclasses.replace(taxi_pickup.SFT["reflector"], steps=REFLECTOR_STEPS)}
 CL = dict(iterations=PICKUP_ITERATIONS + DROPOFF_ITERATIONS, level_steps=(PICKUP_ITERATIONS, DROPOFF_ITERATIONS))

@@ -22,8 +22,8 @@ DATA_RANDOM_PROB = 0.5
 # 1.0 and crashing only 0.5, so RL learns to crash early; at 10 both cost 0.5.
 HORIZON = 10
 LEVEL = 0  # pickup
-# The first pickup's reward of the README table's runs: +20 on top of the move's -1 (0.95); the paper's
-# environment (the default now) pays 1.0 instead (README, "Parity with the paper's code").
+# The first pickup's reward of the demo table's runs (docs/taxi_pickup.md): +20 on top of the move's -1 (0.95); the
+# paper's environment (the default now) pays 1.0 instead (docs/parity.md).
 PICKUP_REWARD = "add"
 TASK = ("--env=taxi", "--taxi_curriculum", f"--curriculum_index={LEVEL}", f"--horizon={HORIZON}",
         f"--pickup_reward={PICKUP_REWARD}")
@@ -86,7 +86,7 @@ RECIPE = Recipe(
         ("horizon 10 (the paper: 15)", "at 10, running out of time costs what crashing does"),
         ("a batch-mean baseline (the paper: none)", "in 120 iterations the variance decides whether RL improves"),
         ("greedy reflections (the paper: sampled)", "sampling costs a small reflector a tenth of its accuracy"),
-        ("pickup bonus +20 on top of -1 (the paper: +20 instead)", "the README table's runs were made with it"),
+        ("pickup bonus +20 on top of -1 (the paper: +20 instead)", "the demo table's runs were made with it"),
     ),
     pretrained=lambda model_name: on_pretrained(model_name),
     gpu=lambda model_name: on_gpu_profile(model_name),
@@ -97,7 +97,7 @@ RECIPE = Recipe(
 # LoRA r 64 / alpha 16 over frozen pretrained weights, lr 2e-4 for RL, on the same task (the same horizon,
 # rewards and held-out episodes as the tiny-gpt2 column, so the rows compare). What departs from the paper is
 # listed with its reason; the budget is what 2 CPU cores give in 90 minutes. The choices were made on
-# validation episodes of SmolLM2-135M (README, "Bring your own model": the ablations).
+# validation episodes of SmolLM2-135M (docs/smollm2.md: the ablations).
 PRETRAINED_DATA_EPISODES = 1000
 # "oracle + random 0.5" (the paper: 0.9). The paper's taken labels are then the advised move with probability
 # 0.25 only, and an SFT policy follows the advice no more often than that, even a perfect reflector's (the
@@ -128,7 +128,7 @@ PRETRAINED_RL_ITERATIONS = 24
 PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": PRETRAINED_LEARNING_RATE, "panel_every": 8, "panel_episodes": 32}
 
 # Said by the runner where the recipe computes in float32 (a CPU without native bfloat16): its 90-minute budget was
-# measured in bfloat16 (README, "Bring your own model"). Measured on a 2-core AMD EPYC with AVX2 only (2026-11-28):
+# measured in bfloat16 (docs/smollm2.md). Measured on a 2-core AMD EPYC with AVX2 only (2026-11-28):
 # the reflector's SFT step of 16 texts took 26-28 s (5.6 s in bfloat16: seeds 0 and 1 on the 2-core machine with
 # amx_bf16), the policies' 28-31 s on the other core.
 FLOAT32_NOTICE = (
@@ -136,7 +136,7 @@ FLOAT32_NOTICE = (
     "computes in float32, several times slower than in the bfloat16 it was timed in: on a 2-core CPU with AVX2 only an SFT step of "
     f"the reflector took about 27 s (5.6 s in bfloat16), so its {PRETRAINED_REFLECTOR_STEPS} steps alone take about 3 "
     "hours, where a whole seed took 72 minutes in bfloat16. A GPU, or a CPU with avx512_bf16 or amx_bf16, runs it in "
-    "the README's time")
+    "the time docs/smollm2.md gives")
 
 
 def on_pretrained(model_name: str) -> Recipe:

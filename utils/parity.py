@@ -1,5 +1,5 @@
 """Where this project differs from the paper's code: the one list behind ``--preset paper`` and the
-README's table "Parity with the paper's code".
+table of docs/parity.md, "Parity with the paper's code".
 
 Each :class:`Deviation` is a behaviour of the paper's code (zhourunlong/Reflect-RL, read against
 ``../shared/PARITY.md``, and played side by side with ours where its section "Checked by playing"
@@ -195,7 +195,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def markdown_table() -> str:
-    """The README's table: one row per deviation (behaviour, the paper's, ours, status, the flag, why)."""
+    """docs/parity.md's table: one row per deviation (behaviour, the paper's, ours, status, the flag, why)."""
     rows = ["| behaviour | the paper's code | ours | status | the paper's with | why |", "|---|---|---|---|---|---|"]
     for d in DEVIATIONS:
         flag = "default" if d.status == PAPER else f"`--{d.setting}={_word(d.paper_value)}`" if d.setting else "—"
