@@ -10,13 +10,15 @@ the model's tokens (as SFT cuts them), and the seconds of ``--steps`` SFT steps,
 natively (else float32), with the scripts' own loader (``benchmarks.sft_step``): at ``--cpu_batch`` texts a step (a CPU's
 memory holds few of the longest at once), scaled to the profile's batch in proportion.
 
-The GPU estimate scales each step by the one SFT step measured on both machines: the Taxi reflector's step of 16
-texts, 0.21 s on an H200 with two other SFTs sharing it (docs/gpu.md, SmolLM2's partial run, 2026-11-28: 400 steps in
-85 s) against its seconds here, measured in the same run. It is an estimate, not a measurement: the ratio of a GPU's
-speed to a CPU's is not the same for every text length, and five SFTs share a GPU where that one shared it with two.
+The GPU estimate scales each step by an SFT step measured on both machines, the one nearest in text length
+(:data:`CALIBRATIONS`: the Taxi reflector's short texts and ALFWorld's long policy texts, each measured on an H200 with
+two other SFTs sharing it, 2026-11-28, docs/gpu.md, and here in the same run). It is an estimate, not a measurement: a
+GPU's advantage over a CPU changes with the text's length between the two points, and five SFTs share a GPU where those
+shared it with two.
 """
 
 import dataclasses
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -26,8 +28,10 @@ from benchmarks.sft_step import train_steps
 from experiment_args import one_line_usage_errors, parse_args
 
 PROG = "python -m benchmarks.gpu_profile_cost"
-H200_TAXI_REFLECTOR_STEP = 0.21  # seconds: 400 steps in 85 s, three SFTs sharing one H200 (2026-11-28)
-CALIBRATION = ("taxi_pickup", "reflector")
+# The SFT steps measured on an H200, three SFTs sharing it (2026-11-28), each measured here too in every run: a GPU's
+# advantage grows with the text's length, so each role is scaled by the one nearest its texts' mean length.
+CALIBRATIONS = {("taxi_pickup", "reflector"): 0.21,  # 16 texts of ~140 tokens: 400 steps in 85 s
+                ("alfworld", "policy"): 0.30}  # 8 texts of ~800 tokens (cut at 1,024): about 450 steps in 135 s
 ROLES = ("reflector", "policy")  # one of each kind of text (the other roles' files are alike)
 
 
@@ -84,7 +88,7 @@ def main(argv: list[str]) -> int:
     asked = parse_args(argv, prog=PROG)  # --help ends here, before anything runs
     model = asked.model_name if any(a.startswith("--model_name") for a in argv) else gpu.default_model()
     native = bool(cpu_native_bf16())
-    columns = list(dict.fromkeys([CALIBRATION[0], *own.columns]))
+    columns = list(dict.fromkeys([*(column for column, _ in CALIBRATIONS), *own.columns]))
     results = []
     for name in columns:
         recipe = RECIPES[name].gpu(model)
@@ -93,14 +97,15 @@ def main(argv: list[str]) -> int:
         for role in ROLES:
             results.append({"column": name, "role": role,
                             **measure(recipe, role, folder, own.steps, native, own.cpu_batch)})
-    reference = next(r for r in results if (r["column"], r["role"]) == CALIBRATION)["cpu_s_per_step"]
-    scale = H200_TAXI_REFLECTOR_STEP / reference
+    points = [(next(r for r in results if (r["column"], r["role"]) == key), gpu_s) for key, gpu_s in CALIBRATIONS.items()]
     for result in results:
-        result["gpu_s_per_step_estimate"] = result["cpu_s_per_step"] * scale
+        point, gpu_s = min(points, key=lambda p: abs(math.log(p[0]["tokens_mean"] / result["tokens_mean"])))
+        result["calibrated_on"] = f"{point['column']} {point['role']}"
+        result["gpu_s_per_step_estimate"] = result["cpu_s_per_step"] * gpu_s / point["cpu_s_per_step"]
         result["gpu_sft_seconds_estimate"] = result["gpu_s_per_step_estimate"] * result["profile_steps"]
+    said = "; ".join(f"{p['column']} {p['role']}: {gpu_s} s there, {p['cpu_s_per_step']:.2f} s here" for p, gpu_s in points)
     print(f"\nThe GPU profile's SFT on this CPU ({'bfloat16' if native else 'float32'}), {own.steps} steps a role, and "
-          f"the H200 estimate (x {scale:.4f}: the Taxi reflector's step, {H200_TAXI_REFLECTOR_STEP} s there, "
-          f"{reference:.2f} s here)\n")
+          f"the H200 estimate, scaled by the step measured on both nearest in length ({said})\n")
     print_table(["column", "role", "texts", "tokens (mean / median / max)", "batch", "CPU s / step", "H200 s / step "
                  "(estimate)", "steps", "H200 SFT s (estimate)"], ["---", "---", "---:", "---:", "---:", "---:", "---:",
                                                                   "---:", "---:"],

@@ -117,8 +117,10 @@ RECIPE = Recipe(
 GPU_POLICY = SFTRole("sft_policy.jsonl", 400, 1e-3)
 GPU_SFT = {"reflector": SFTRole("sft_reflection.jsonl", 400, 2e-3, "cosine"), "policy": GPU_POLICY,
            "plain": dataclasses.replace(GPU_POLICY, file="sft.jsonl")}
-GPU_RL_ITERATIONS = 8
-GPU_BUDGET = {"rl_batch": 16, "rl_train_batch": 16, "rl_learning_rate": 2e-4, "eval_batch": 40, "panel_every": 4}
+# RL: 4 iterations of 32 games, a gradient step per 16 (an iteration's time is the reflector's generation, bound by
+# latency); games run in a worker process each, so a batch is held to what 16 cores start in seconds (3 RL runs: 96).
+GPU_RL_ITERATIONS = 4
+GPU_BUDGET = {"rl_batch": 32, "rl_train_batch": 16, "rl_learning_rate": 2e-4, "eval_batch": 50, "panel_every": 4}
 
 
 def on_gpu_profile(model_name: str) -> Recipe:

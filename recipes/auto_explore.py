@@ -160,8 +160,10 @@ GPU_POLICY = SFTRole("sft_policy.jsonl", 300, 1e-3)
 GPU_SFT = {"reflector": GPU_REFLECTOR, "policy": GPU_POLICY, "plain": dataclasses.replace(GPU_POLICY, file="sft.jsonl"),
            "reflector_positive": dataclasses.replace(GPU_REFLECTOR, file="sft_reflection_positive.jsonl"),
            "policy_positive": dataclasses.replace(GPU_POLICY, file="sft_policy_positive.jsonl")}
-GPU_RL_ITERATIONS = 8
-GPU_BUDGET = {"rl_batch": 32, "rl_train_batch": 32, "rl_learning_rate": 2e-4, "eval_batch": 100, "panel_every": 4}
+# RL: few iterations of many episodes, each a gradient step per 16 (an iteration's time is the reflector's generation,
+# bound by latency: a batch of 64 costs about what one of 16 does); the evaluation in batches of 200.
+GPU_RL_ITERATIONS = 4
+GPU_BUDGET = {"rl_batch": 64, "rl_train_batch": 16, "rl_learning_rate": 2e-4, "eval_batch": 200, "panel_every": 4}
 
 
 def on_gpu_profile(model_name: str) -> Recipe:

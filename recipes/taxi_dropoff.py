@@ -129,7 +129,7 @@ RECIPE = Recipe(
 # The pretrained Taxi recipe's SFT (recipes/taxi_pickup.py, chosen on validation episodes of SmolLM2-135M) and this
 # column's data mix (0.3, chosen here on drop-off validation episodes); every run's drop-off iterations and the
 # curriculum's pickup ones at a GPU's batches, in what a 9-minute window holds by the GPU rates measured so far.
-GPU_PICKUP_ITERATIONS, GPU_DROPOFF_ITERATIONS = 4, 8
+GPU_PICKUP_ITERATIONS, GPU_DROPOFF_ITERATIONS = 2, 4  # of 64 episodes (taxi_pickup.GPU_BUDGET)
 GPU_CL = dict(iterations=GPU_PICKUP_ITERATIONS + GPU_DROPOFF_ITERATIONS,
               level_steps=(GPU_PICKUP_ITERATIONS, GPU_DROPOFF_ITERATIONS))
 GPU_RL = {name: dataclasses.replace(variant, **(GPU_CL if variant.level_steps else {"iterations": GPU_DROPOFF_ITERATIONS}))

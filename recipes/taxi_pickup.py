@@ -190,11 +190,13 @@ def on_pretrained(model_name: str) -> Recipe:
 
 # --- the same column on one GPU (``demo.py --profile gpu``): the pretrained recipe's choices at a GPU's batches ---
 # The data mix, the SFT steps and rates are the pretrained recipe's above (chosen on validation episodes of
-# SmolLM2-135M); the RL budget keeps its episodes (24 iterations of 16: 384) in half the iterations of twice the
-# episodes, since an iteration's time on a GPU is the reflector's token-by-token generation, which serves a batch of
-# 32 in about the time of 16 (an H200, 2026-11-28: about 28 s an iteration of 16 with three runs sharing it).
-GPU_RL_ITERATIONS = 12
-GPU_BUDGET = {"rl_batch": 32, "rl_train_batch": 32, "eval_batch": 100, "panel_every": 4}
+# SmolLM2-135M); the RL budget keeps its episodes (24 iterations of 16: 384) and its gradient steps (one per 16
+# episodes) in a quarter of the iterations of four times the episodes: an iteration's time on a GPU is the reflector's
+# token-by-token generation, bound by latency, which serves a batch of 64 in about the time of 16 (an H200,
+# 2026-11-28: about 28 s an iteration of 16 with three runs sharing it). The evaluation plays its 200 episodes a row
+# in one batch.
+GPU_RL_ITERATIONS = 6
+GPU_BUDGET = {"rl_batch": 64, "rl_train_batch": 16, "eval_batch": 200, "panel_every": 3}
 
 
 def on_gpu_profile(model_name: str) -> Recipe:

@@ -223,3 +223,9 @@ def test_the_bundle_carries_every_package_a_column_imports_that_the_gpu_image_la
     imported = {bundle.normalise(d) for d in done.stdout.split()} - {"reflect-rl"}
     lacking = imported - bundle.IMAGE - {bundle.normalise(c) for c in bundle.carried(name)}
     assert not lacking, f"{name} imports {sorted(lacking)}, which neither the GPU image nor the bundle has"
+
+
+def test_the_gpu_page_shows_the_profiles_as_they_are():
+    from gpu.profile import profile_table
+
+    assert profile_table() in (REPO / "docs" / "gpu.md").read_text(), "docs/gpu.md: paste `python -m gpu.profile`"
