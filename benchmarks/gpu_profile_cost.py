@@ -37,14 +37,14 @@ ROLES = ("reflector", "policy")  # one of each kind of text (the other roles' fi
 
 def column_data(recipe, folder: Path, episodes: int) -> None:
     """The column's data at the profile's settings, unless ``folder`` holds it."""
-    import demo
+    from runner.stages import call
 
     if all((folder / recipe.sft[role].file).is_file() for role in ROLES):
         return
     if "data_episodes" in recipe.extra:
         recipe = dataclasses.replace(recipe, extra={**recipe.extra, "data_episodes": episodes})
     for main, argv in recipe.data(recipe, 0, folder):
-        demo.call(main, argv)
+        call(main, argv)
 
 
 def lengths(model_name: str, task_file: Path, limit: int) -> list[int]:

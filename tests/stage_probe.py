@@ -1,4 +1,4 @@
-"""A pipeline stage for the runner's tests (``demo.Stage("...", "tests.stage_probe", [...])``): it notes when it
+"""A pipeline stage for the runner's tests (``runner.stages.Stage("...", "tests.stage_probe", [...])``): it notes when it
 starts and ends in ``order.txt`` beside its ``--output_dir``, which it creates, and takes a moment between."""
 
 import time

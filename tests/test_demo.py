@@ -18,6 +18,7 @@ import demo
 from evaluation import evaluate
 from recipes import RECIPES
 from recipes.taxi_pickup import RECIPE as TAXI
+from runner import stages
 from utils.checkpoints import run_dirs
 
 ROWS = [row.name for row in TAXI.rows]
@@ -189,16 +190,16 @@ def test_a_finished_stage_is_kept_and_a_failed_or_changed_one_runs_again(tmp_pat
         if argv[0] == "fails" and ran.count("fails") == 1:
             raise RuntimeError("killed")
 
-    monkeypatch.setattr(demo, "call", call)
+    monkeypatch.setattr(stages, "call", call)
     logs = tmp_path / "logs"
-    stages = [demo.Stage(name, "demo", [name], logs / f"{name}.log") for name in ("trains", "fails")]
+    queued = [stages.Stage(name, "demo", [name], logs / f"{name}.log") for name in ("trains", "fails")]
     with pytest.raises(RuntimeError, match="killed"):
-        demo._run_stages(stages, 1)
+        stages._run_stages(queued, 1)
     assert ran == ["trains", "fails"] and sorted(p.name for p in logs.glob("*.done.json")) == ["trains.done.json"]
-    seconds = demo._run_stages(stages, 1)
+    seconds = stages._run_stages(queued, 1)
     assert ran == ["trains", "fails", "fails"] and set(seconds) == {"trains", "fails"}
-    changed = [demo.Stage("trains", "demo", ["trains", "--max_steps=9"], logs / "trains.log")]
-    demo._run_stages(changed, 1)  # the same stage with another command is not the one that finished
+    changed = [stages.Stage("trains", "demo", ["trains", "--max_steps=9"], logs / "trains.log")]
+    stages._run_stages(changed, 1)  # the same stage with another command is not the one that finished
     assert ran[-1] == "trains"
 
 
@@ -208,7 +209,7 @@ def test_stage_output_goes_to_its_log_whoever_writes_it(tmp_path, capfd):
     import sys
 
     log = tmp_path / "logs" / "stage.log"
-    with demo._output_to(log):
+    with stages._output_to(log):
         print("from print")
         sys.stderr.write("from stderr\n")
         os.write(2, b"from the file descriptor\n")
@@ -221,15 +222,15 @@ def test_stage_output_goes_to_its_log_whoever_writes_it(tmp_path, capfd):
 
 
 def test_a_stage_gets_the_cores_no_other_stage_runs_on():
-    assert demo.stage_threads(2, 2, cores=2) == 1  # two streams side by side: a core each
-    assert demo.stage_threads(2, 3, cores=2) == 1  # more streams than workers: still two at a time
-    assert demo.stage_threads(2, 1, cores=2) == 2  # a lone stream: both cores, not one left idle
-    assert demo.stage_threads(4, 2, cores=16) == 8
-    assert demo.stage_threads(3, 3, cores=2) == 1  # never fewer than one
+    assert stages.stage_threads(2, 2, cores=2) == 1  # two streams side by side: a core each
+    assert stages.stage_threads(2, 3, cores=2) == 1  # more streams than workers: still two at a time
+    assert stages.stage_threads(2, 1, cores=2) == 2  # a lone stream: both cores, not one left idle
+    assert stages.stage_threads(4, 2, cores=16) == 8
+    assert stages.stage_threads(3, 3, cores=2) == 1  # never fewer than one
 
 
-def _probe(tmp_path: Path, name: str, needs: tuple[str, ...] = ()) -> demo.Stage:
-    return demo.Stage(name, "tests.stage_probe", [f"--output_dir={tmp_path / name}"], tmp_path / "logs" / f"{name}.log",
+def _probe(tmp_path: Path, name: str, needs: tuple[str, ...] = ()) -> stages.Stage:
+    return stages.Stage(name, "tests.stage_probe", [f"--output_dir={tmp_path / name}"], tmp_path / "logs" / f"{name}.log",
                       needs=needs)
 
 
@@ -242,7 +243,7 @@ def test_a_stage_starts_once_the_stages_it_needs_have_finished_in_any_stream(tmp
     plain_rl = _probe(tmp_path, "plain-rl", needs=("policy",))
     reflect_rl = _probe(tmp_path, "reflect-rl", needs=("policy", "reflector"))
     long_sft = [_probe(tmp_path, "warm-up-1"), _probe(tmp_path, "warm-up-2"), _probe(tmp_path, "reflector")]
-    seconds = demo.run_side_by_side([[policy, plain_rl, reflect_rl], long_sft], workers)
+    seconds = stages.run_side_by_side([[policy, plain_rl, reflect_rl], long_sft], workers)
     assert set(seconds) == {"policy", "plain-rl", "reflect-rl", "warm-up-1", "warm-up-2", "reflector"}
     order = (tmp_path / "order.txt").read_text().split("\n")[:-1]
     at = {line: index for index, line in enumerate(order)}
@@ -256,10 +257,10 @@ def test_stages_waiting_on_each_other_or_on_no_stage_are_refused(tmp_path):
     one, other = _probe(tmp_path, "one", needs=("other",)), _probe(tmp_path, "other", needs=("one",))
     for workers in (1, 2):
         with pytest.raises(RuntimeError, match="wait on each other.*'one': \\['other'\\]"):
-            demo.run_side_by_side([[one], [other]], workers)
+            stages.run_side_by_side([[one], [other]], workers)
     with pytest.raises(ValueError, match="'one' needs \\['other'\\], which no stream runs"):
-        demo.run_side_by_side([[one]], 1)
-    demo.run_side_by_side([[one]], 1, finished=("other",))  # finished before: it runs
+        stages.run_side_by_side([[one]], 1)
+    stages.run_side_by_side([[one]], 1, finished=("other",))  # finished before: it runs
     assert (tmp_path / "one").is_dir() and not (tmp_path / "other").exists()
 
 
@@ -271,17 +272,17 @@ def test_after_a_failed_stage_no_other_starts(tmp_path, monkeypatch):
         if argv[0] == "fails":
             raise RuntimeError("killed")
 
-    monkeypatch.setattr(demo, "call", call)
+    monkeypatch.setattr(stages, "call", call)
     logs = tmp_path / "logs"
-    stage = {name: demo.Stage(name, "demo", [name], logs / f"{name}.log") for name in ("fails", "after", "beside")}
+    stage = {name: stages.Stage(name, "demo", [name], logs / f"{name}.log") for name in ("fails", "after", "beside")}
     with pytest.raises(RuntimeError, match="killed"):
-        demo.run_side_by_side([[stage["fails"], stage["after"]], [stage["beside"]]], 1)
+        stages.run_side_by_side([[stage["fails"], stage["after"]], [stage["beside"]]], 1)
     assert ran == ["fails"]
 
 
 def test_a_stage_reads_the_run_folder_another_stage_made_when_it_starts(tmp_path, monkeypatch):
     """A run's folder is numbered when it runs (a resumed SFT makes 2_...), so an RL stage queued before the SFT
-    ran names its checkpoint by :class:`demo.LatestRun`, found when the RL stage starts."""
+    ran names its checkpoint by :class:`stages.LatestRun`, found when the RL stage starts."""
     runs, seen = tmp_path / "runs", []
 
     def call(main, argv):
@@ -290,11 +291,11 @@ def test_a_stage_reads_the_run_folder_another_stage_made_when_it_starts(tmp_path
                 (runs / f"{number}_supervised_pretrain").mkdir(parents=True)
         seen.append(argv)
 
-    monkeypatch.setattr(demo, "call", call)
-    latest = demo.LatestRun("--load_dir=", runs, "supervised_pretrain", "checkpoint-9")
+    monkeypatch.setattr(stages, "call", call)
+    latest = stages.LatestRun("--load_dir=", runs, "supervised_pretrain", "checkpoint-9")
     logs = tmp_path / "logs"
-    rl = demo.Stage("rl", "demo", ["rl", latest], logs / "rl.log", needs=("sft",))
-    demo.run_side_by_side([[rl], [demo.Stage("sft", "demo", ["sft"], logs / "sft.log")]], 1)
+    rl = stages.Stage("rl", "demo", ["rl", latest], logs / "rl.log", needs=("sft",))
+    stages.run_side_by_side([[rl], [stages.Stage("sft", "demo", ["sft"], logs / "sft.log")]], 1)
     assert seen[-1] == ["rl", f"--load_dir={runs / '2_supervised_pretrain' / 'checkpoint-9'}"]
     done = json.loads((logs / "rl.done.json").read_text())  # the marker holds the command as it ran
     assert done["what"] == ["demo", *seen[-1]]
@@ -304,18 +305,18 @@ def test_a_stage_reads_the_run_folder_another_stage_made_when_it_starts(tmp_path
 @pytest.mark.parametrize("workers", [1, 2])
 def test_stages_side_by_side_write_what_they_write_alone(tmp_path, workers):
     """Two streams of data-generation stages, in this process or in two workers: the same files."""
-    def stage(seed: int) -> demo.Stage:
+    def stage(seed: int) -> stages.Stage:
         out = tmp_path / f"data-{seed}"
-        return demo.Stage(f"data {seed}", "data_gen.taxi.reflection",
+        return stages.Stage(f"data {seed}", "data_gen.taxi.reflection",
                           [*TAXI.task, "--api=oracle", "--num_episodes=3", f"--output_dir={out}", f"--seed={seed}"],
                           tmp_path / "logs" / f"data-{seed}.log")
 
-    seconds = demo.run_side_by_side([[stage(0)], [stage(1), stage(2)]], workers)
+    seconds = stages.run_side_by_side([[stage(0)], [stage(1), stage(2)]], workers)
     assert sorted(seconds) == ["data 0", "data 1", "data 2"]
     for seed in range(3):
         assert "[taxi.reflection] episodes: 3" in (tmp_path / "logs" / f"data-{seed}.log").read_text()
         alone = tmp_path / f"alone-{seed}"
-        demo.call(data_gen.taxi.reflection.main, [*stage(seed).argv[:-2], f"--output_dir={alone}", f"--seed={seed}"])
+        stages.call(data_gen.taxi.reflection.main, [*stage(seed).argv[:-2], f"--output_dir={alone}", f"--seed={seed}"])
         assert (alone / "data_reflection.json").read_bytes() == (tmp_path / f"data-{seed}" / "data_reflection.json").read_bytes()
 
 
@@ -326,8 +327,8 @@ def test_a_killed_demo_takes_its_stage_processes_with_it(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", f"""
 import multiprocessing, os, time
 from concurrent.futures import ProcessPoolExecutor
-import demo
-with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"), initializer=demo.exit_with,
+from runner import stages
+with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"), initializer=stages.exit_with,
                          initargs=(os.getpid(), 0.1)) as pool:
     futures = [pool.submit(time.sleep, 120) for _ in range(2)]
     time.sleep(1)

@@ -20,6 +20,8 @@ import demo
 from gpu import bundle, column
 from recipes import RECIPES
 from recipes.gpu import EVAL_EPISODES, LORA
+from runner import seed as runner_seed
+from runner import stages
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,8 +68,8 @@ def test_the_gpu_profile_takes_its_model_and_each_machines_own_numerics(monkeypa
 
 
 def _markers(seed: Path) -> dict[str, dict]:
-    return {path.name.removesuffix(demo.DONE): json.loads(path.read_text())
-            for path in (seed / "logs").glob(f"*{demo.DONE}")}
+    return {path.name.removesuffix(stages.DONE): json.loads(path.read_text())
+            for path in (seed / "logs").glob(f"*{stages.DONE}")}
 
 
 def _side_by_side(markers: list[dict]) -> bool:
@@ -89,7 +91,7 @@ def test_the_gpu_profile_runs_end_to_end_on_a_cpu_and_packs_what_comes_back(tmp_
     markers = _markers(seed)
     recipe = RECIPES["taxi_pickup"].gpu("tiny-gpt2")
     assert _side_by_side([markers[f"sft-{role}"] for role in recipe.sft])
-    assert _side_by_side([markers[f"rl-{demo.slug(name)}"] for name in recipe.rl])
+    assert _side_by_side([markers[f"rl-{runner_seed.slug(name)}"] for name in recipe.rl])
     parts = [m for name, m in markers.items() if name.startswith("evaluation-")]
     assert len(parts) == len(recipe.rows) and _side_by_side(parts)  # one row a process
 
@@ -105,7 +107,7 @@ def test_the_gpu_profile_runs_end_to_end_on_a_cpu_and_packs_what_comes_back(tmp_
     assert set(run["reflector_seconds"]) == {"RLFT: Reflect-RL", "evaluation: SFT only, with reflection",
                                              "evaluation: Reflect-RL"}
     metrics = [json.loads(line) for line in (packed / "metrics.jsonl").read_text().splitlines()]
-    assert {m["run"] for m in metrics} == {f"rl-{demo.slug(name)}" for name in recipe.rl}
+    assert {m["run"] for m in metrics} == {f"rl-{runner_seed.slug(name)}" for name in recipe.rl}
     episodes = [json.loads(line) for line in (packed / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == len(recipe.rows) * 4  # the smoke budget's 4 held-out episodes a row
     assert all(e["decisions"] and {"action", "oracle", "reward", "reflection"} <= set(e["decisions"][0])

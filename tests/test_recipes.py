@@ -12,6 +12,8 @@ import demo
 from recipes import DEFAULT, RECIPES
 from recipes.auto_explore import HOLDOUT_REPO
 from recipes.base import RUNNER_BUDGET
+from runner import report, stages
+from runner import seed as runner_seed
 
 
 def test_every_recipe_is_complete_and_taxi_pickup_is_the_default():
@@ -28,7 +30,7 @@ def test_auto_explore_has_the_papers_rows():
     rows = [row.name for row in RECIPES["auto_explore"].rows]
     assert rows == ["SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection",
                     "SFT+RLFT w/o negative", "Reflect-RL"]
-    columns = [title for _, title in demo.columns(RECIPES["auto_explore"])]
+    columns = [title for _, title in report.columns(RECIPES["auto_explore"])]
     assert columns == ["AutoExplore depth 1", "AutoExplore depth 2", "generalisation: AutoExplore depth 1",
                        "generalisation: AutoExplore depth 2"]
 
@@ -37,7 +39,7 @@ def test_auto_explore_has_the_papers_rows():
 def test_auto_explore_data_keeps_evaluation_apart(tmp_path):
     recipe = RECIPES["auto_explore"]
     for main, argv in recipe.data(recipe, 0, tmp_path):
-        demo.call(main, argv)
+        stages.call(main, argv)
     splits = {name: json.loads((tmp_path / f"{name}.json").read_text())
               for name in ("train", "validate", "test", "holdout")}
     groups = {name: {(t["root"], t["question"]) for t in tasks} for name, tasks in splits.items()}
@@ -90,7 +92,7 @@ def test_auto_explore_runs_end_to_end_and_its_benchmark_is_the_same_for_every_se
 
     other = tmp_path / "seed-4"  # another training seed: the same benchmark, other trajectories
     for main, argv in recipe.data(recipe, 4, other):
-        demo.call(main, argv)
+        stages.call(main, argv)
     for split in ("train", "validate", "test", "holdout"):
         assert [t["question"] for t in json.loads((other / f"{split}.json").read_text())] == \
                [t["question"] for t in json.loads((data / f"{split}.json").read_text())]
@@ -102,7 +104,7 @@ def test_taxi_dropoff_has_the_papers_rows_and_the_curriculum_ablation():
     assert [row.name for row in recipe.rows] == [
         "SFT only", "SFT only, with reflection", "RLFT only", "SFT+RLFT w/o reflection", "Reflect-RL w/o curriculum",
         "SFT+RLFT w/o reflection, w/o curriculum", "Reflect-RL"]
-    assert [title for _, title in demo.columns(recipe)] == ["Taxi +drop-off", "full task: Taxi full task"]
+    assert [title for _, title in report.columns(recipe)] == ["Taxi +drop-off", "full task: Taxi full task"]
     cl, no_cl = recipe.rl["Reflect-RL"], recipe.rl["Reflect-RL w/o curriculum"]
     assert len(cl.level_steps) == 2 and cl.level_steps[1] == no_cl.iterations  # as many drop-off iterations
     assert "--curriculum_index=1" in no_cl.flags  # drop-off from the first iteration
@@ -150,7 +152,7 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
     data = json.loads((seed / "data" / "data_reflection.json").read_text())
     assert {r["state"].count("X") > 0 for r in data} == {True, False}  # pickup and drop-off states (X: carried)
     for name, variant in small.rl.items():
-        (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{demo.slug(name)}", "rl_finetune")
+        (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{runner_seed.slug(name)}", "rl_finetune")
         records = metrics.read_metrics(run)
         levels = [r["level"] for r in records if "level" in r]
         assert levels == (["pickup"] * 2 + ["dropoff"] * 2 if variant.level_steps else ["dropoff"] * 2), name
@@ -190,7 +192,7 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
 
 def _fake_run(recipe, success: float) -> dict:
     levels = {level: {"success": success, "episodes": 200, "cost": 0.0, "units": 1}
-              for level, _ in demo.columns(recipe)}
+              for level, _ in report.columns(recipe)}
     return {"results": [{"name": row.name, "levels": levels} for row in recipe.rows], "reflector_accuracy": {},
             "timings": {}}
 
@@ -289,7 +291,7 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
         (run,) = checkpoints.run_dirs(seed / "runs" / f"sft-{role}", "supervised_pretrain")
         assert checkpoints.load_settings(run / "checkpoint-2")["disable_dropout"] is True
     for name in small.rl:
-        (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{demo.slug(name)}", "rl_finetune")
+        (run,) = checkpoints.run_dirs(seed / "runs" / f"rl-{runner_seed.slug(name)}", "rl_finetune")
         records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert all(r["heldout_episodes"] == 2 for r in records if "heldout_success" in r)  # the 2 train trials
         episodes = [json.loads(x) for x in (run / "checkpoint-2" / "episodes.jsonl").read_text().splitlines()]
@@ -310,9 +312,8 @@ def test_the_pretrained_taxi_recipe_keeps_a_bfloat16_base_on_cuda(monkeypatch):
 def test_the_pretrained_taxi_recipe_runs_its_rl_one_run_at_a_time_on_every_core():
     """SmolLM2's Reflect-RL is the critical path: a lone RL stream gives each run all the cores (stage_threads),
     where side by side its core would train for 50 minutes beside one idle after 11."""
-    import demo
     from recipes import taxi_pickup
 
     recipe = taxi_pickup.on_pretrained("some/model.gguf")
     assert len(recipe.rl_streams) == 1 and set(recipe.rl_streams[0]) == set(recipe.rl)
-    assert demo.stage_threads(2, len(recipe.rl_streams), cores=2) == 2
+    assert stages.stage_threads(2, len(recipe.rl_streams), cores=2) == 2

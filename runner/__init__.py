@@ -1,0 +1,3 @@
+"""The experiment runner behind ``demo.py``: :mod:`runner.stages` (stages side by side, resumable),
+:mod:`runner.seed` (one training seed of a recipe: data, SFT, RL, evaluation, report) and :mod:`runner.report`
+(the tables)."""

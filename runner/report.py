@@ -1,0 +1,99 @@
+"""The runner's tables (``demo.py``): a seed's table shaped like the paper's, the table over seeds, the reflector's
+accuracy, and how many held-out episodes stand behind each figure."""
+
+import math
+
+import numpy as np
+
+from recipes.base import Recipe
+
+
+def accuracy_table(accuracy: dict[str, list]) -> str:
+    steps = accuracy["steps"]
+    lines = ["The SFT reflector advises the oracle's move (held-out episodes of 'SFT only, with reflection'):", "",
+             "| step | " + " | ".join(str(step) for step, _, _ in steps) + " | all |",
+             "|---|" + "---:|" * (len(steps) + 1),
+             "| accuracy | " + " | ".join(f"{acc:.2f}" for _, acc, _ in steps) + f" | {accuracy['all'][0]:.2f} |",
+             "| states | " + " | ".join(str(n) for _, _, n in steps) + f" | {accuracy['all'][1]} |"]
+    return "\n".join(lines) + "\n"
+
+
+def interval(p: float, n: int) -> float:
+    """Half-width of the normal-approximation 95% interval of a success rate."""
+    return 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def columns(recipe: Recipe) -> list[tuple[str, str]]:
+    """(result level, column name) of every column of the recipe's table, the main evaluation's first."""
+    out = []
+    for name, evaluation in recipe.evaluations.items():
+        prefix = level_prefix(recipe, name)
+        out += [(prefix + level, prefix + title) for level, title in evaluation.columns]
+    return out
+
+
+def level_prefix(recipe: Recipe, evaluation: str) -> str:
+    """How an evaluation's levels are named in a seed's results: the main (first) one's as they are, the
+    others' after their evaluation's name."""
+    return "" if evaluation == next(iter(recipe.evaluations)) else f"{evaluation}: "
+
+
+def paper_table(recipe: Recipe, results: list[dict]) -> str:
+    if len(columns(recipe)) == 1:
+        ((level, title),) = columns(recipe)
+        lines = [f"| model / method | {title} success (± 95% interval) | avg cost | episodes |", "|---|---:|---:|---:|"]
+        for result in results:
+            figure = result["levels"][level]
+            p, n = figure["success"], figure["episodes"]
+            lines.append(f"| {result['name']} | {100 * p:.1f}% ± {100 * interval(p, n):.1f} | {figure['cost']:.3f} | {n} |")
+        return "\n".join(lines) + "\n"
+    lines = ["| model / method | " + " | ".join(f"{title} (± 95%, episodes)" for _, title in columns(recipe)) + " |",
+             "|---|" + "---:|" * len(columns(recipe))]
+    for result in results:
+        cells = []
+        for level, _ in columns(recipe):
+            figure = result["levels"].get(level)
+            if figure is None:
+                cells.append("–")
+                continue
+            p, n = figure["success"], figure["episodes"]
+            cells.append(f"{100 * p:.1f}% ± {100 * interval(p, n):.1f} ({n})")
+        lines.append(f"| {result['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seeds_report(recipe: Recipe, runs: dict[int, dict]) -> str:
+    """Each row's success per seed, its mean and range (per column), then every seed's own table."""
+    seeds = list(runs)
+    lines = [f"# Reflect-RL demo over training seeds {', '.join(map(str, seeds))}: {recipe.title}, {recipe.model_label}", ""]
+    for level, title in columns(recipe):
+        success = {row.name: [] for row in recipe.rows}
+        for run in runs.values():
+            for result in run["results"]:
+                if level in result["levels"]:
+                    success[result["name"]].append(100 * result["levels"][level]["success"])
+        if len(columns(recipe)) > 1:
+            lines += [f"## {title}", ""]
+        lines += ["| model / method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | range |",
+                  "|---|" + "---:|" * (len(seeds) + 2)]
+        for row, values in success.items():
+            if values:
+                cells = " | ".join(f"{v:.1f}%" for v in values)
+                lines.append(f"| {row} | {cells} | {np.mean(values):.1f}% | {min(values):.1f}–{max(values):.1f} |")
+        lines.append("")
+    per_seed = "\n".join(f"## Seed {s}\n\n{paper_table(recipe, run['results'])}\n"
+                         f"{accuracy_table(run['reflector_accuracy']) if run['reflector_accuracy'] else ''}"
+                         for s, run in runs.items())
+    first = next(iter(runs.values()))["results"]
+    return "\n".join(lines) + f"\n{episodes_note(recipe, first)} per row and seed (one fixed set).\n\n{per_seed}"
+
+
+def episodes_note(recipe: Recipe, results: list[dict]) -> str:
+    """How many held-out episodes stand behind each figure: the recipe's repetitions, or (with a per-level
+    minimum) each column's episodes and the distinct tasks they repeat."""
+    if not recipe.budget.get("eval_level_episodes"):
+        return f"{recipe.budget['eval_episodes']} held-out episodes"
+    levels = results[0]["levels"]
+    cells = [f"{title}: {levels[level]['episodes']} episodes of {levels[level]['units']} distinct tasks"
+             for level, title in columns(recipe) if level in levels]
+    return "Held-out episodes (" + "; ".join(cells) + ")"
