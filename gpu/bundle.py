@@ -17,7 +17,6 @@ side. Rebuilding is cheap: downloads are kept in ``.cache/gpu-wheels``.
 """
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -27,6 +26,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu.column import MANIFEST, sha256  # the other side's checks (standard library only)
 from utils.io import write_json
 from utils.paths import REPO_ROOT, SHARED_DIR, cache_root, smollm2_gguf
 
@@ -73,7 +73,6 @@ typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wra
 """.split())
 ALFWORLD_GAMES = "tomato_microwave_json_2.1.1"  # under ../shared/alfworld: the paper's family (recipes/alfworld.py)
 PART_MIB = 60
-MANIFEST = "manifest.json"
 
 
 def normalise(name: str) -> str:
@@ -99,14 +98,6 @@ def locked() -> dict[str, tuple[str, set[str]]]:
             if current is not None:
                 pins[current][1].add(digest)
     return pins
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch_wheel(name: str, version: str, hashes: set[str], into: Path, python: str = PYTHON) -> Path:

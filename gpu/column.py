@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGE = REPO_ROOT / "build" / "gpu-stage"
-MANIFEST = "manifest.json"  # gpu.bundle.MANIFEST (gpu.bundle imports the project's packages: not importable here)
+MANIFEST = "manifest.json"  # in every part: its pieces, their parts and SHA-256s (gpu.bundle writes it)
 COLUMNS = ("taxi_pickup", "taxi_dropoff", "auto_explore", "alfworld")
 MISSING_PARTS = 3  # the exit status while parts are still to come
 MAX_FILES, MAX_BYTES = 8, 16 * 2**20  # what comes back from a GPU window's folder
@@ -154,18 +154,9 @@ def pack(column_dir: Path, seed: int, out: Path, facts: dict, log: Path) -> list
     finished = folder / "finished.json"
     run = json.loads(finished.read_text(encoding="utf-8"))["run"] if finished.is_file() else None
     written.append(_write(out / "results.json", json.dumps({"facts": facts, "run": run}, indent=1) + "\n"))
-    metrics = []
-    for path in sorted((folder / "runs").glob("rl-*/*_rl_finetune/metrics.jsonl")):
-        run_name = path.parents[1].name
-        metrics += [json.dumps({"run": run_name, **json.loads(line)}) for line in
-                    path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    written.append(_write(out / "metrics.jsonl", "".join(line + "\n" for line in metrics)))
-    episodes = []
-    for path in sorted((folder / "runs").glob("evaluation*/*_evaluate/episodes.jsonl")):
-        evaluation = path.parents[1].name
-        episodes += [json.dumps({"evaluation": evaluation, **json.loads(line)}) for line in
-                     path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    written.append(_write(out / "episodes.jsonl", "".join(line + "\n" for line in episodes)))
+    written.append(_write(out / "metrics.jsonl", joined(folder / "runs", "rl-*/*_rl_finetune/metrics.jsonl", "run")))
+    written.append(_write(out / "episodes.jsonl", joined(folder / "runs", "evaluation*/*_evaluate/episodes.jsonl",
+                                                         "evaluation")))
     tails = []
     for stage_log in sorted((folder / "logs").glob("*.log")):
         lines = stage_log.read_text(encoding="utf-8", errors="replace").splitlines()[-STAGE_LOG_LINES:]
@@ -179,6 +170,16 @@ def pack(column_dir: Path, seed: int, out: Path, facts: dict, log: Path) -> list
         if path.stat().st_size > MAX_BYTES:
             raise SystemExit(f"gpu.column: {path} is {path.stat().st_size} bytes, over the {MAX_BYTES} that come back")
     return written
+
+
+def joined(runs: Path, pattern: str, key: str) -> str:
+    """The JSON lines of every file ``pattern`` finds under ``runs``, each record with ``key``: the run folder it
+    came from (``rl-reflect-rl``, ``evaluation-2``)."""
+    lines = []
+    for path in sorted(runs.glob(pattern)):
+        lines += [json.dumps({key: path.parents[1].name, **json.loads(line)}) + "\n"
+                  for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return "".join(lines)
 
 
 def _write(path: Path, text: str) -> Path:
