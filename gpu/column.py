@@ -17,6 +17,7 @@ Only the standard library is imported here, before the packages are in place: th
 """
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -183,7 +184,13 @@ def joined(runs: Path, pattern: str, key: str) -> str:
 
 
 def _write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
+    """``text`` into ``path``; gzipped into ``path.gz`` where it would exceed what comes back (:data:`MAX_BYTES`: a
+    whole column's episode records can)."""
+    data = text.encode("utf-8")
+    if len(data) > MAX_BYTES:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data, mtime=0)
+    path.write_bytes(data)
     return path
 
 

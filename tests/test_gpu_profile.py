@@ -231,3 +231,12 @@ def test_the_gpu_page_shows_the_profiles_as_they_are():
     from gpu.profile import profile_table
 
     assert profile_table() in (REPO / "docs" / "gpu.md").read_text(), "docs/gpu.md: paste `python -m gpu.profile`"
+
+
+def test_a_record_too_large_to_come_back_is_packed_gzipped(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.setattr(column, "MAX_BYTES", 1000)
+    small, large = column._write(tmp_path / "a.jsonl", "x\n" * 10), column._write(tmp_path / "b.jsonl", "y\n" * 2000)
+    assert small.name == "a.jsonl" and large.name == "b.jsonl.gz" and large.stat().st_size <= 1000
+    assert gzip.decompress(large.read_bytes()).decode() == "y\n" * 2000
