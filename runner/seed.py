@@ -110,6 +110,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         kind, _, source = row.policy.partition(":")
         return sft_dirs[source] if kind == "sft" else rl[source] / f"checkpoint-{recipe.rl[source].iterations}"
 
+    reflecting_rows = {row.name for row in recipe.rows if row.reflector}
     configs = [{"name": row.name, "load_dir": str(policy_dir(row)),
                 **({"reflect_load_dir": str(sft_dirs[row.reflector])} if row.reflector else {})} for row in recipe.rows]
     results = [dict(config, levels={}) for config in configs]
@@ -126,7 +127,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
             found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers, cores,
                                           clocks)
             reflecting.update({f"{label}: {name}": clock["reflector"] for name, clock in clocks.items()
-                               if recipe.rows[[row.name for row in recipe.rows].index(name)].reflector})
+                               if name in reflecting_rows})
             for i, result in zip(playing, found):
                 results[i]["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
 
