@@ -28,6 +28,7 @@ from typing import Literal, get_args, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 
+from rl_algorithms.defaults import learner_defaults
 from utils.arg_fields import RL_SCRIPT, SFT_SCRIPT, applicability, arg_metadata, need
 from utils.arg_groups import CurriculumArguments, EnvArguments, OptimArguments, RLArguments
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
@@ -80,7 +81,7 @@ class ScriptArguments(LoggingArguments, EvalArguments, LLMArguments, DataArgumen
         from envs import ENVS
 
         fields = dataclasses.fields(self)
-        chosen = {f.name: f.default for f in fields} | PRESETS.get(self.preset, {})
+        chosen = {f.name: f.default for f in fields} | learner_defaults(self.trainer) | PRESETS.get(self.preset, {})
         script = _SCRIPT.get()
         idle = []
         for name, conditions in applicability(fields, ENVS).items():

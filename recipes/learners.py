@@ -3,12 +3,14 @@
 :func:`compare` turns a column's recipe into one whose RL variants are the column's Reflect-RL run and its
 run without reflection, once per learner, each at the same budget of environment episodes per iteration:
 
-* ``pg`` and ``ppo`` play the recipe's batch of episodes, each start once, with the recipe's baseline (PG also
-  trains on up to ``rl_replay`` replayed successes: old episodes, no new play);
+* ``pg`` and ``ppo`` play the recipe's batch of episodes, each start once, with the recipe's baseline;
 * ``refuel`` plays half the batch and a branch of each (an episode replayed to a random step, then played on
   by the current policy), so that it also plays the recipe's batch of episodes per iteration;
 * the group learners (``rloo``, ``grpo``, ``gigpo``) play the batch as ``batch / GROUP_SIZE`` starts, each
   ``GROUP_SIZE`` times (``--group_size``), and take their baseline from the group.
+
+PG and the group learners also train on up to ``rl_replay`` replayed successes (old episodes, no new play): the
+learners that replay by default (``rl_algorithms/defaults.py``) are given the recipe's count.
 
 The SFT models, the held-out evaluation and the validation panel are the column's, so every row is judged on
 the same episodes. Each learner's runs are named ``<learner>, with reflection`` and ``<learner>, w/o

@@ -55,7 +55,7 @@ LEARNERS: MutableMapping[str, type] = _Registry(_PLACES)
 
 # The package's names, each imported from its module on first use: the learners above, and these
 _OTHERS = {"base": ("Learner", "LearnerSettings", "Play", "UpdateResult", "flat_decisions"),
-           "pg": ("ReplayBuffer",), "refuel": ("refuel_pairs",),
+           "replay": ("ReplayBuffer",), "refuel": ("refuel_pairs",),
            "losses": ("ValueHead", "cost_to_go", "pg_loss", "ppo_loss", "refuel_loss", "value_loss")}
 _HOME = {**{cls: module for module, _, cls in (place.partition(":") for place in _PLACES.values())},
          **{name: f"rl_algorithms.{module}" for module, names in _OTHERS.items() for name in names}}

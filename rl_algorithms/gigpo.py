@@ -16,7 +16,7 @@ and its step-level advantage is G_it against its anchor group's, normalised as t
     A^S_it = (G_it - mean(G over the anchor group)) / (std + eps)      (0 in an anchor group of one)
 
 The advantage is A_it = A^E_i + omega * A^S_it (omega: ``--gigpo_weight``), under GRPO's clipped ratio,
-weights and optional KL term. No critic: the step groups come from states that recur, which in Taxi they do.
+weights, optional KL term, entropy bonus and replay of successes. No critic: the step groups come from states that recur, which in Taxi they do.
 """
 
 from collections import defaultdict
@@ -55,10 +55,13 @@ def anchor_groups(episodes: list[Episode], members: list[list[int]]) -> list[lis
 
 
 class GiGPO(GRPO):
-    def advantages(self, episodes: list[Episode]) -> np.ndarray:
+    def advantages(self, episodes: list[Episode], replayed: list[Episode] = ()) -> np.ndarray:
+        """Each decision's advantage, in ``flat_decisions`` order: the fresh episodes', then the replayed ones'
+        (a replayed success's step-level advantage is 0: its steps are in no anchor group of the batch)."""
         members = group_members(episodes)
-        episode_level = self.episode_advantages(episodes, members)
+        episode_level = self.episode_advantages(episodes, members, replayed)
         step_returns = torch.tensor([g for e in episodes for g in discounted_returns(
             [d.reward for d in e.decisions], self.settings.gigpo_gamma)], dtype=torch.float64)
         step_level = group_relative(step_returns, anchor_groups(episodes, members), self.scaled).numpy()
+        step_level = np.concatenate([step_level, np.zeros(sum(len(e.decisions) for e in replayed))])
         return episode_level + self.settings.gigpo_weight * step_level

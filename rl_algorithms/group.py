@@ -1,14 +1,29 @@
 """What the group learners (RLOO, GRPO, GiGPO) share: a batch's groups, the episodes' returns, and the
-group-relative baselines.
+group-relative baselines, and the replay of recent successes.
 
 ``--group_size K`` plays each start K times per iteration (``rl_finetune.episode_starts``); the episodes of
 one start carry the same ``Episode.group``. A group learner compares each episode with the others of its
 group instead of subtracting a learned or batch-wide baseline. Returns are rewards (higher: better),
 ``-cost``: the sum of the episode's rewards.
+
+**Success replay** (``--replay_batch_size M``, ``--replay_buffer_size``; PG's joint replay): each update also
+trains on up to M distinct successes drawn from the last ``--replay_buffer_size`` successful episodes. A replayed
+episode was played from another start, in no group of the batch, so its baseline is the fresh batch's: with
+returns F_1..F_N of the fresh episodes, a replayed success of return R gets
+
+    A = R - mean(F)                                   (rloo; grpo and gigpo under dr_grpo)
+    A = (R - mean(F)) / (std(F u replayed) + eps)     (grpo and gigpo under grpo's scaling)
+
+for every one of its decisions. The scale is the standard deviation of all the batch's returns, replayed ones
+included, so that a batch of equal fresh returns (std 0) does not blow a replayed one up. Under GRPO's clipped
+ratio a replayed decision's behaviour log-probability is the one recorded when it was played: a success the
+policy has since made likelier (ratio above 1 + clip) adds nothing, one it has made rarer is pulled back up.
 """
 
+import numpy as np
 import torch
 
+from rl_algorithms.replay import ReplayBuffer
 from rollout_records import Episode
 
 # GRPO's epsilon: keeps a group whose returns are all equal (std 0) at advantage 0
@@ -61,3 +76,42 @@ def per_decision(episodes: list[Episode], per_episode: torch.Tensor) -> torch.Te
     """An episode-level figure repeated for each of the episode's decisions, in ``flat_decisions`` order."""
     return torch.cat([per_episode[i].repeat(len(e.decisions)) for i, e in enumerate(episodes)]
                      or [per_episode.new_zeros(0)])
+
+
+def replayed_relative(fresh: torch.Tensor, replayed: torch.Tensor, scale: bool) -> torch.Tensor:
+    """A replayed success's advantage against the fresh batch (see the module's docstring)."""
+    if len(replayed) == 0:
+        return replayed.new_zeros(0)
+    centred = replayed - fresh.mean()
+    return centred / (torch.cat([fresh, replayed]).std() + EPS) if scale else centred
+
+
+class SuccessReplay:
+    """A group learner's replay of recent successes (``--replay_batch_size``, ``--replay_buffer_size``): the
+    buffer, what an update draws from it, and its part of the learner's state. Mixed into a
+    :class:`rl_algorithms.base.Learner` subclass, after it in the bases."""
+
+    def __init__(self, settings, scorer, accelerator):
+        super().__init__(settings, scorer, accelerator)
+        self.replay = ReplayBuffer(settings.replay_buffer_size)
+
+    def replayed(self, rng: np.random.Generator) -> list[Episode]:
+        """Up to ``--replay_batch_size`` distinct successes from the buffer, out of any group."""
+        drawn = self.replay.sample(self.settings.replay_batch_size, rng) if self.settings.replay_batch_size else []
+        return [Episode.from_dict({**e, "group": None}) for e in drawn]
+
+    def remember(self, episodes: list[Episode]) -> None:
+        """Keep the fresh batch's successes for later updates."""
+        for episode in episodes:
+            self.replay.add(episode.to_dict())
+
+    def replay_metrics(self, replayed: list[Episode]) -> dict[str, int]:
+        return {"replayed": len(replayed), "replay_size": len(self.replay)}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "replay": self.replay.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if "replay" in state:  # a checkpoint from before the group learners replayed has none: an empty buffer
+            self.replay.load_state_dict(state["replay"])

@@ -11,7 +11,7 @@ R_1..R_K, every decision t of episode i gets
 and each of ``--ppo_epochs`` optimiser steps minimises, with r = pi / pi_behaviour at the action taken
 (pi_behaviour: the log-probability recorded in the rollout),
 
-    l_it = -min(r A_i, clip(r, 1 - clip, 1 + clip) A_i) + beta * KL_k3(pi || pi_ref)
+    l_it = -min(r A_i, clip(r, 1 - clip, 1 + clip) A_i) + beta * KL_k3(pi || pi_ref) - c * H_it
 
     grpo:     (1/N) sum_i (1/|o_i|) sum_t l_it    (the per-episode mean over decisions: GRPO's per-token
                                                     normalisation, a decision playing a token's part)
@@ -19,6 +19,10 @@ and each of ``--ppo_epochs`` optimiser steps minimises, with r = pi / pi_behavio
 
 over the batch's N episodes. ``beta`` is ``--kl_coef`` (0: off); pi_ref is the policy RL started from (its
 trainable weights are kept, and saved with the learner's state so a resumed run compares with the same).
+``c`` is ``--entropy_coef`` (0: off) and H_it the entropy of the policy's label distribution at the decision,
+so the bonus is weighted over decisions as the loss is. With ``--replay_batch_size M`` the batch also holds up to
+M replayed successes (``rl_algorithms/group.py``: their advantage against the fresh batch, their recorded
+behaviour log-probabilities), and N counts them.
 """
 
 import contextlib
@@ -27,12 +31,19 @@ import numpy as np
 import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.group import episode_returns, group_members, group_relative, per_decision
+from rl_algorithms.group import (
+    SuccessReplay,
+    episode_returns,
+    group_members,
+    group_relative,
+    per_decision,
+    replayed_relative,
+)
 from rl_algorithms.losses import clipped_surrogate, kl_k3, ratio_figures
 from rollout_records import Episode
 
 
-class GRPO(Learner):
+class GRPO(SuccessReplay, Learner):
     def __init__(self, settings, scorer, accelerator):
         super().__init__(settings, scorer, accelerator)
         # the policy RL started from, for the KL penalty (its trainable weights; the rest never change)
@@ -42,13 +53,18 @@ class GRPO(Learner):
     def scaled(self) -> bool:
         return self.settings.grpo_variant == "grpo"
 
-    def advantages(self, episodes: list[Episode]) -> np.ndarray:
-        """Each decision's advantage, in ``flat_decisions`` order."""
-        return self.episode_advantages(episodes, group_members(episodes))
+    def advantages(self, episodes: list[Episode], replayed: list[Episode] = ()) -> np.ndarray:
+        """Each decision's advantage, in ``flat_decisions`` order: the fresh episodes', then the replayed ones'."""
+        return self.episode_advantages(episodes, group_members(episodes), replayed)
 
-    def episode_advantages(self, episodes: list[Episode], members: list[list[int]]) -> np.ndarray:
-        """Each decision's share of its episode's group-relative advantage (``members``: the groups)."""
-        return per_decision(episodes, group_relative(episode_returns(episodes), members, self.scaled)).numpy()
+    def episode_advantages(self, episodes: list[Episode], members: list[list[int]],
+                           replayed: list[Episode] = ()) -> np.ndarray:
+        """Each decision's share of its episode's group-relative advantage (``members``: the groups), then each
+        replayed decision's share of its episode's advantage against the fresh batch."""
+        fresh = episode_returns(episodes)
+        per_episode = torch.cat([group_relative(fresh, members, self.scaled),
+                                 replayed_relative(fresh, episode_returns(list(replayed)), self.scaled)])
+        return per_decision([*episodes, *replayed], per_episode).numpy()
 
     def weights(self, episodes: list[Episode]) -> np.ndarray:
         """Each decision's weight in the loss (see the module's docstring)."""
@@ -57,8 +73,10 @@ class GRPO(Learner):
                                for e in episodes] or [np.zeros(0)])
 
     def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
-        decisions, _ = flat_decisions(episodes)
-        advantages, weights = self.advantages(episodes), self.weights(episodes)
+        replayed = self.replayed(rng)
+        batch = episodes + replayed
+        decisions, _ = flat_decisions(batch)
+        advantages, weights = self.advantages(episodes, replayed), self.weights(batch)
         old = torch.tensor([d.logprob for d in decisions])
         reference = self._reference_logprobs(decisions)
         clip, applied = self.settings.ppo_clip, True
@@ -72,6 +90,8 @@ class GRPO(Learner):
                     kl = kl_k3(logp, reference[span].to(logp.device))
                     terms = terms + self.settings.kl_coef * kl
                     kls.append(kl.detach().cpu())
+                if scored.entropy is not None:
+                    terms = terms - self.settings.entropy_coef * scored.entropy
                 loss = (terms * logp.new_tensor(weights[span])).sum()
                 loss.backward()
                 total += loss.item()
@@ -79,7 +99,8 @@ class GRPO(Learner):
             ok, grad_norm = self.step(total)
             applied = applied and ok
         log_ratio = torch.cat(log_ratios) if log_ratios else torch.zeros(0)
-        metrics = {"grad_norm": grad_norm, "advantage_abs": float(np.abs(advantages).mean()) if len(advantages) else 0.0,
+        self.remember(episodes)
+        metrics = {"grad_norm": grad_norm, **self.replay_metrics(replayed), "advantage_abs": float(np.abs(advantages).mean()) if len(advantages) else 0.0,
                    **ratio_figures(log_ratio, clip)}
         if kls:
             metrics["kl_reference"] = float(torch.cat(kls).mean())

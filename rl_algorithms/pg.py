@@ -8,13 +8,12 @@ with replacement; the buffer is emptied at each new curriculum level); with
 alongside (in the policy's step, or on the paper's ``--critic_update_freq`` schedule).
 """
 
-from collections import deque
-
 import numpy as np
 import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
 from rl_algorithms.losses import pg_loss
+from rl_algorithms.replay import ReplayBuffer
 from rollout_records import Episode
 
 
@@ -88,42 +87,3 @@ class PolicyGradient(Learner):
         super().load_state_dict(state)
         self.replay.load_state_dict(state["replay"])
         self.level = state.get("level")
-
-
-class ReplayBuffer:
-    """The most recent successful episodes (as dicts), sampled alongside fresh data."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.episodes: deque = deque(maxlen=capacity if capacity > 0 else 0)
-
-    def __len__(self) -> int:
-        return len(self.episodes)
-
-    def add(self, episode: dict) -> None:
-        if self.capacity > 0 and episode["success"]:
-            self.episodes.append(episode)
-
-    def clear(self) -> None:
-        self.episodes.clear()
-
-    def draw(self, count: int, rng: np.random.Generator) -> list[dict]:
-        """``count`` episodes drawn uniformly with replacement (none from an empty buffer)."""
-        if not self.episodes:
-            return []
-        return [self.episodes[int(i)] for i in rng.integers(len(self.episodes), size=count)]
-
-    def sample(self, count: int, rng: np.random.Generator) -> list[dict]:
-        """Up to ``count`` distinct episodes, uniformly."""
-        count = min(count, len(self.episodes))
-        if count == 0:
-            return []
-        picks = rng.choice(len(self.episodes), size=count, replace=False)
-        return [self.episodes[int(i)] for i in sorted(picks)]
-
-    def state_dict(self) -> dict:
-        return {"capacity": self.capacity, "episodes": list(self.episodes)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.capacity = state["capacity"]
-        self.episodes = deque(state["episodes"], maxlen=self.capacity if self.capacity > 0 else 0)

@@ -8,31 +8,51 @@ advantage is
     A_i = R_i - (1 / (K - 1)) * sum_{j != i} R_j,
 
 given to every decision of the episode (an outcome-level advantage), and one optimiser step minimises
--sum_i A_i sum_t log pi(a_t | s_t) / N over the batch's N episodes. No critic, no replay buffer.
+
+    ( -sum_i A_i sum_t log pi(a_t | s_t)  -  c * sum_i sum_t H_t ) / N
+
+over the batch's N episodes (c: ``--entropy_coef``, H_t: the entropy of the policy's label distribution at
+decision t). No critic. With ``--replay_batch_size M`` the batch also holds up to M replayed successes, each
+with its return against the fresh batch's mean (``rl_algorithms/group.py``), and N counts them.
 """
 
 import numpy as np
+import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.group import episode_returns, group_members, leave_one_out, per_decision
+from rl_algorithms.group import (
+    SuccessReplay,
+    episode_returns,
+    group_members,
+    leave_one_out,
+    per_decision,
+    replayed_relative,
+)
 from rl_algorithms.losses import advantage_loss
 from rollout_records import Episode
 
 
-class RLOO(Learner):
-    def advantages(self, episodes: list[Episode]) -> np.ndarray:
-        """Each decision's advantage, in ``flat_decisions`` order."""
-        return per_decision(episodes, leave_one_out(episode_returns(episodes), group_members(episodes))).numpy()
+class RLOO(SuccessReplay, Learner):
+    def advantages(self, episodes: list[Episode], replayed: list[Episode] = ()) -> np.ndarray:
+        """Each decision's advantage, in ``flat_decisions`` order: the fresh episodes', then the replayed ones'."""
+        fresh = episode_returns(episodes)
+        per_episode = torch.cat([leave_one_out(fresh, group_members(episodes)),
+                                 replayed_relative(fresh, episode_returns(list(replayed)), scale=False)])
+        return per_decision([*episodes, *replayed], per_episode).numpy()
 
     def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
-        decisions, _ = flat_decisions(episodes)
-        advantages = self.advantages(episodes)
+        replayed = self.replayed(rng)
+        batch = episodes + replayed
+        decisions, _ = flat_decisions(batch)
+        advantages = self.advantages(episodes, replayed)
         total = 0.0
         for scored in self.score(decisions):
             chunk = advantages[scored.start:scored.start + len(scored.decisions)]
-            loss = advantage_loss(scored.logprobs, scored.logprobs.new_tensor(chunk), len(episodes))
+            loss = advantage_loss(scored.logprobs, scored.logprobs.new_tensor(chunk), len(batch))
+            loss = loss - self.entropy_bonus(scored, len(batch))
             loss.backward()
             total += loss.item()
         applied, grad_norm = self.step(total)
-        return UpdateResult(total, applied, {"grad_norm": grad_norm,
+        self.remember(episodes)
+        return UpdateResult(total, applied, {"grad_norm": grad_norm, **self.replay_metrics(replayed),
                                              "advantage_abs": float(np.abs(advantages).mean()) if len(advantages) else 0.0})

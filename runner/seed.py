@@ -11,6 +11,7 @@ import yaml
 from evaluation import evaluate
 from experiment_args import parse_args
 from recipes.base import Evaluation, Recipe
+from rl_algorithms.defaults import replays
 from runner import stages
 from runner.report import accuracy_table, episodes_note, level_prefix, paper_table
 from runner.stages import WORKERS, LatestRun, Stage, latest_run, once, run_side_by_side, say
@@ -73,7 +74,8 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     def rl_stage(name: str) -> Stage:
         variant = recipe.rl[name]
         starts = [sft_checkpoint(variant.policy, "--load_dir=")] if variant.policy else []
-        starts += [f"--replay_batch_size={budget['rl_replay']}"] if variant.trainer == "pg" else []  # PG's replay
+        # the recipe's replay for every learner that replays successes by default (PG's, and the group learners')
+        starts += [f"--replay_batch_size={budget['rl_replay']}"] if replays(variant.trainer) else []
         starts += [*variant.flags, *(["--curriculum_steps", *map(str, variant.level_steps)] if variant.level_steps else [])]
         if variant.reflector:
             starts += [sft_checkpoint(variant.reflector, "--reflect_load_dir="), f"--top_k={budget['reflect_top_k']}"]

@@ -211,7 +211,7 @@ def test_settings_that_cannot_apply_get_one_warning_naming_them(caplog, monkeypa
     with caplog.at_level(logging.WARNING):
         ScriptArguments(trainer="ppo", replay_batch_size=9, refuel_eta=2.0, ppo_clip=0.3)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "--replay_batch_size (only with --trainer pg)" in warning
+    assert "--replay_batch_size (only with --trainer pg, rloo, grpo or gigpo)" in warning
     assert "--refuel_eta (only with --trainer refuel)" in warning and "ppo_clip" not in warning
     caplog.clear()
     with caplog.at_level(logging.WARNING):

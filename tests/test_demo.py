@@ -409,16 +409,19 @@ def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monke
     assert sorted(path.name for path in (root / "seed-0" / "runs").glob("sft-*")) == ["sft-policy", "sft-reflector"]
     folder = root / "seed-0"
     assert (folder / "learners_with_reflection.png").stat().st_size > 10_000
-    played, trainers = {}, {}
+    played, trainers, replay = {}, {}, {}
     for run in _rl_runs(folder):
         records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         played[run.parent.name] = [r["episodes_played"] for r in records if "episodes_played" in r]
         settings = (run / "setting.yml").read_text()
         trainers[run.parent.name] = next(line.split(": ")[1] for line in settings.splitlines()
                                          if line.startswith("trainer: "))
+        replay[trainers[run.parent.name]] = f"replay_batch_size: {recipe.budget['rl_replay']}" in settings.splitlines()
         assert "reflect_load_dir: " in settings
     assert trainers == {"rl-pg-with-reflection": "pg", "rl-refuel-with-reflection": "refuel",
                         "rl-gigpo-with-reflection": "gigpo"}
+    # the learners that replay successes by default (rl_algorithms/defaults.py) replay the recipe's count
+    assert replay == {"pg": True, "gigpo": True, "refuel": False}
     # each learner plays 8 episodes an iteration: REFUEL 4 and a branch of each, GiGPO 2 starts 4 times each
     assert all(counts == [8, 8] for counts in played.values()), played
     assert json.loads((root / "results.json").read_text())["0"]["rl_episodes"] == dict.fromkeys(learners, 16)

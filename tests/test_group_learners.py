@@ -1,6 +1,7 @@
 """The group learners (RLOO, GRPO, GiGPO) and ``--group_size``: grouped starts, the advantages against their
 formulas on hand-made batches, the environments' state keys, resume, and the flags' refusals."""
 
+import dataclasses
 import json
 import math
 import sys
@@ -126,7 +127,7 @@ def test_gigpo_step_groups_follow_the_formula(scorer):
     step_level = [0.125, 0.25, 0.0, -0.125, 0.0, -0.25]
     assert np.allclose(dr.advantages(episodes), np.add(episode_level, np.multiply(2.0, step_level)))
 
-    scaled = _learner("gigpo", scorer, gigpo_gamma=gamma, gigpo_weight=1.0)
+    scaled = _learner("gigpo", scorer, grpo_variant="grpo", gigpo_gamma=gamma, gigpo_weight=1.0)
     unit = 1 / math.sqrt(2)  # two values: (v - mean) / std = +-1/sqrt(2)
     episode_level = [unit] * 3 + [-unit] * 3
     step_level = [unit, unit, 0.0, -unit, 0.0, -unit]
@@ -162,7 +163,8 @@ FAST = dict(env="taxi", taxi_curriculum=True, curriculum_index=0, per_device_eva
             per_device_train_batch_size=8, learning_rate=1e-3, horizon=5)
 
 
-@pytest.mark.parametrize("trainer, extra", [("rloo", {}), ("grpo", {"kl_coef": 0.05}), ("gigpo", {})])
+@pytest.mark.parametrize("trainer, extra", [("rloo", {"replay_batch_size": 2, "entropy_coef": 0.01}),
+                                            ("grpo", {"kl_coef": 0.05}), ("gigpo", {"replay_batch_size": 2})])
 def test_a_group_learner_trains_and_resumes_exactly(make_args, tmp_path, trainer, extra):
     common = {**FAST, "trainer": trainer, **extra, "max_steps": 3, "save_steps": 1}
     assert rl_finetune.main(make_args(**common)) == 0
@@ -177,8 +179,9 @@ def test_a_group_learner_trains_and_resumes_exactly(make_args, tmp_path, trainer
     for x, y in zip(a, b, strict=True):
         assert x["success"] == y["success"] and x["loss"] == pytest.approx(y["loss"], abs=1e-6)
     state = torch.load(straight / "checkpoint-3" / checkpoints.TRAINER_STATE_FILE, weights_only=True)
-    kept = state["state"]["ranks"][0]["learner"].get("reference")
-    assert (kept is not None) == ("kl_coef" in extra)
+    learner = state["state"]["ranks"][0]["learner"]
+    assert (learner.get("reference") is not None) == ("kl_coef" in extra)
+    assert learner["replay"]["capacity"] == 50  # the replay buffer is resumed with the run
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -202,4 +205,104 @@ def test_bad_group_settings_are_refused_in_one_line(monkeypatch, capsys, tmp_pat
 
 def test_group_flags_apply_to_rl_only():
     args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", "--trainer=gigpo", "--group_size=2"])
-    assert (args.group_size, args.gigpo_weight, args.gigpo_gamma, args.grpo_variant) == (2, 1.0, 0.95, "grpo")
+    assert (args.group_size, args.gigpo_weight, args.gigpo_gamma, args.grpo_variant) == (2, 1.0, 0.95, "dr_grpo")
+
+
+# --- the options the ablation tried (docs/learners.md): replayed successes, the entropy bonus, the defaults -----
+
+def _replayed(rewards):
+    return dataclasses.replace(_episode(None, rewards), success=True)
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dr_grpo"])
+def test_a_replayed_success_is_scored_against_the_fresh_batch(scorer, variant):
+    # fresh: one start twice (returns 1 and 0), replayed: a success of return 3 over two decisions
+    fresh = [_episode(0, [1.0]), _episode(0, [0.0])]
+    replayed = [_replayed([1.0, 2.0])]
+    # rloo: the fresh batch's mean return is 0.5, so the replayed success gets 3 - 0.5 = 2.5 at each decision
+    assert np.allclose(_learner("rloo", scorer).advantages(fresh, replayed), [1.0, -1.0, 2.5, 2.5])
+    # grpo: the group's as before; the replayed one against the fresh mean, scaled by the std of 1, 0 and 3
+    learner = _learner("grpo", scorer, grpo_variant=variant)
+    unit = 1 / math.sqrt(2)  # the group's (v - mean) / std
+    std_all = math.sqrt(((1 - 4 / 3) ** 2 + (0 - 4 / 3) ** 2 + (3 - 4 / 3) ** 2) / 2)
+    if variant == "grpo":
+        expected = [unit, -unit, 2.5 / (std_all + EPS), 2.5 / (std_all + EPS)]
+    else:
+        expected = [0.5, -0.5, 2.5, 2.5]
+    assert np.allclose(learner.advantages(fresh, replayed), expected, atol=1e-5)
+    # its weights count it as one of the batch's N = 3 episodes
+    batch = fresh + replayed
+    assert np.allclose(learner.weights(batch), [1 / 3, 1 / 3, 1 / 6, 1 / 6] if variant == "grpo" else [1 / 3] * 4)
+    # gigpo: a replayed success's steps are in no anchor group of the batch, so it keeps the episode level only
+    gigpo = _learner("gigpo", scorer, grpo_variant=variant, gigpo_weight=2.0)
+    fresh_only = gigpo.advantages(fresh)
+    assert np.allclose(gigpo.advantages(fresh, replayed), [*fresh_only, *expected[2:]], atol=1e-5)
+    # a batch of equal fresh returns does not blow a replayed one up: the scale takes the replayed return in
+    flat = _learner("grpo", scorer, grpo_variant="grpo").advantages([_episode(0, [-0.5]), _episode(0, [-0.5])],
+                                                                    [_replayed([1.0])])
+    assert np.allclose(flat, [0.0, 0.0, 1.5 / (math.sqrt(0.75) + EPS)], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rloo", "grpo", "gigpo"])
+def test_a_group_learner_replays_successes_it_has_seen(scorer, name):
+    learner = _learner(name, scorer, replay_batch_size=2, replay_buffer_size=3, ppo_epochs=1)
+    before = [p.detach().clone() for p in learner.params]
+    won, lost = dataclasses.replace(_episode(0, [1.0]), success=True), _episode(0, [0.0])
+    rng = np.random.default_rng(0)
+    first = learner.update([won, lost], play=None, rng=rng)
+    assert (first.metrics["replayed"], first.metrics["replay_size"]) == (0, 1)  # only the success is kept
+    second = learner.update([_episode(1, [0.0]), _episode(1, [1.0])], play=None, rng=rng)
+    assert (second.metrics["replayed"], second.metrics["replay_size"]) == (1, 1)
+    state = learner.state_dict()
+    assert [e["group"] for e in state["replay"]["episodes"]] == [0]  # kept as played; replayed out of any group
+    assert learner.replayed(np.random.default_rng(0))[0].group is None
+    fresh = _learner(name, scorer, replay_batch_size=2, replay_buffer_size=3)
+    fresh.load_state_dict(state)
+    assert len(fresh.replay) == 1
+    for p, value in zip(learner.params, before):  # leave the shared scorer as it was
+        with torch.no_grad():
+            p.copy_(value)
+
+
+@pytest.mark.parametrize("name", ["rloo", "grpo"])
+def test_the_entropy_bonus_of_a_group_learner_follows_the_formula(scorer, name):
+    from rollout_policy import entropy_of
+
+    episodes = [_episode(0, [1.0, 0.0]), _episode(0, [0.0])]
+    decisions = [d for e in episodes for d in e.decisions]
+    with torch.no_grad():
+        entropy = entropy_of(scorer.logprobs([d.prompt for d in decisions], [d.valid for d in decisions]).logprobs)
+    coef, losses = 0.5, {}
+    for c in (0.0, coef):
+        learner = _learner(name, scorer, entropy_coef=c, grpo_variant="grpo", ppo_epochs=1)
+        before = [p.detach().clone() for p in learner.params]
+        losses[c] = learner.update(episodes, play=None, rng=np.random.default_rng(0)).loss  # the loss before its step
+        for p, value in zip(learner.params, before):  # leave the shared scorer as it was
+            with torch.no_grad():
+                p.copy_(value)
+    # rloo: c * the summed entropy per episode; grpo: weighted as its loss, each episode's mean over its decisions
+    weights = [1 / 2] * 3 if name == "rloo" else [1 / 4, 1 / 4, 1 / 2]
+    expected = coef * float((entropy * torch.tensor(weights)).sum())
+    assert losses[0.0] - losses[coef] == pytest.approx(expected, rel=1e-4)
+
+
+def test_each_learner_takes_its_own_defaults_and_help_lists_them(caplog):
+    from rl_algorithms.defaults import LEARNER_DEFAULTS
+
+    for trainer, values in LEARNER_DEFAULTS.items():
+        group = ["--group_size=2"] if trainer in ("rloo", "grpo", "gigpo") else []
+        with caplog.at_level("WARNING"):
+            args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", f"--trainer={trainer}", *group])
+        assert {flag: getattr(args, flag) for flag in values} == values
+        assert "do not apply" not in caplog.text  # a learner's own default is not a flag given
+    given = parse_args(["--model_name=tiny-gpt2", "--trainer=grpo", "--group_size=2", "--replay_batch_size=3",
+                        "--grpo_variant=grpo"])
+    assert (given.replay_batch_size, given.grpo_variant) == (3, "grpo")  # a flag given wins
+    ppo = parse_args(["--model_name=tiny-gpt2", "--trainer=ppo"])  # the flag does not apply; a value all the same
+    assert isinstance(ppo.replay_batch_size, int) and "do not apply" not in caplog.text
+    from experiment_args import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for flag in ("replay_batch_size", "grpo_variant"):
+        listed = ", ".join(f"{name} {values[flag]}" for name, values in LEARNER_DEFAULTS.items() if flag in values)
+        assert listed in text

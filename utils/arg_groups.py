@@ -12,16 +12,18 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from rl_algorithms.defaults import defaults_help, learner_defaults
 from utils.arg_fields import (
     CLIPPED_GROUP,
     CRITIC,
     DEPTH_CURRICULUM,
     GIGPO,
     GREEDY_REFLECTIONS,
+    NOT_REFUEL,
     ONLY_RL,
     ONLY_SFT,
     PG,
-    PG_OR_PPO,
+    PG_OR_GROUP,
     PPO_OR_CLIPPED,
     REFLECTOR,
     REFUEL,
@@ -186,10 +188,11 @@ class RLArguments(_Group):
         1, "RL: play each start this many times per iteration, as independent episodes (each samples its own "
         "actions) that the learner sees as one group; an iteration is --per_device_eval_batch_size episodes, "
         "that is batch / GROUP_SIZE starts. The group learners compare the episodes of a group.", ONLY_RL)
-    grpo_variant: Literal["grpo", "dr_grpo"] = _arg(
-        "grpo", "GRPO/GiGPO: grpo (advantages scaled by the group's standard deviation, each episode's loss the "
+    grpo_variant: Literal["grpo", "dr_grpo"] | None = _arg(
+        None, "GRPO/GiGPO: grpo (advantages scaled by the group's standard deviation, each episode's loss the "
         "mean over its decisions) or dr_grpo (Dr. GRPO's unbiased form: no scaling, decisions summed, divided by "
-        "the batch's episodes).", CLIPPED_GROUP)
+        f"the batch's episodes). Default: the learner's, kept by the ablation on validation episodes "
+        f"({defaults_help('grpo_variant')}; rl_algorithms/defaults.py, docs/learners.md).", CLIPPED_GROUP)
     kl_coef: float = _arg(
         0.0, "GRPO/GiGPO: weight of the KL penalty to the policy RL started from (the k3 estimator per "
         "decision; 0: off, as Dr. GRPO and DAPO).", CLIPPED_GROUP)
@@ -264,9 +267,10 @@ class RLArguments(_Group):
     per_device_eval_batch_size: int = _arg(
         8, "Episodes rolled out in parallel per device (RL and evaluation).")
     replay_buffer_size: int = _arg(
-        50, "Recent successful episodes kept for replay (0 turns replay off).", PG)
-    replay_batch_size: int = _arg(
-        4, "Replayed episodes trained on per iteration alongside the fresh ones.", PG)
+        50, "Recent successful episodes kept for replay (0 turns replay off).", PG_OR_GROUP)
+    replay_batch_size: int | None = _arg(
+        None, "Replayed successes trained on per iteration alongside the fresh ones (0: no replay). Default: the "
+        f"learner's ({defaults_help('replay_batch_size')}; rl_algorithms/defaults.py).", PG_OR_GROUP)
     mask_invalid: bool = _arg(
         True, "The policy chooses among the labels shown only (--no_mask_invalid: among all labels of its "
         "alphabet, a label not shown being a wasted step, as the paper's code).")
@@ -282,8 +286,8 @@ class RLArguments(_Group):
                            aliases=["--ppo_update_iter"])
     refuel_eta: float = _arg(1.0, "REFUEL: scale of the return difference.", REFUEL)
     entropy_coef: float = _arg(
-        0.0, "PG/PPO: weight of an entropy bonus on the policy's label distribution, summed over decisions "
-        "per episode like the loss (the paper: 0, off).", PG_OR_PPO)
+        0.0, "PG/PPO/RLOO/GRPO/GiGPO: weight of an entropy bonus on the policy's label distribution, weighted over "
+        "decisions as the learner's loss is (the paper: 0, off).", NOT_REFUEL)
     reuse_rollout_pass: bool | None = _arg(
         None, "RL: the policy's forward passes in the training rollout keep their autograd graphs, and the update "
         "reads the fresh episodes' log-probs from them instead of reading every prompt again, so an iteration "
@@ -301,6 +305,9 @@ class RLArguments(_Group):
         from rl_algorithms import LEARNERS  # the registry is the one list of learners
 
         need(self.trainer in LEARNERS, "trainer", f"{self.trainer!r} is not one of {tuple(LEARNERS)}")
+        for flag, value in learner_defaults(self.trainer).items():  # not given: the learner's own default
+            if getattr(self, flag) is None:
+                setattr(self, flag, value)
         if self.use_critic:
             need(self.baseline in ("none", "critic"), "use_critic", f"asks for a critic, but --baseline is "
                  f"{self.baseline!r}")
