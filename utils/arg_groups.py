@@ -270,7 +270,8 @@ class RLArguments(_Group):
         50, "Recent successful episodes kept for replay (0 turns replay off).", PG_OR_GROUP)
     replay_batch_size: int | None = _arg(
         None, "Replayed successes trained on per iteration alongside the fresh ones (0: no replay). Default: the "
-        f"learner's ({defaults_help('replay_batch_size')}; rl_algorithms/defaults.py).", PG_OR_GROUP)
+        f"learner's ({defaults_help('replay_batch_size')}; rl_algorithms/defaults.py; the group learners' kept by "
+        "the ablation on validation episodes, docs/learners.md).", PG_OR_GROUP)
     mask_invalid: bool = _arg(
         True, "The policy chooses among the labels shown only (--no_mask_invalid: among all labels of its "
         "alphabet, a label not shown being a wasted step, as the paper's code).")
