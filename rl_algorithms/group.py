@@ -89,7 +89,7 @@ def replayed_relative(fresh: torch.Tensor, replayed: torch.Tensor, scale: bool) 
 class SuccessReplay:
     """A group learner's replay of recent successes (``--replay_batch_size``, ``--replay_buffer_size``): the
     buffer, what an update draws from it, and its part of the learner's state. Mixed into a
-    :class:`rl_algorithms.base.Learner` subclass, after it in the bases."""
+    :class:`rl_algorithms.base.Learner` subclass, before it in the bases (``class RLOO(SuccessReplay, Learner)``)."""
 
     def __init__(self, settings, scorer, accelerator):
         super().__init__(settings, scorer, accelerator)
