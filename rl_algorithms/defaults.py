@@ -2,7 +2,7 @@
 
 A flag named here is declared with the default None (``utils/arg_groups.py``); a run that does not give it takes
 its learner's value from :data:`LEARNER_DEFAULTS`, and ``--help`` lists them. The group learners' values are
-what the ablation on validation episodes kept (docs/learners.md, "Why the group learners collapse"). This module
+what the ablation on validation episodes kept (docs/learners.md, "What the group learners needed"). This module
 imports nothing, so that the flags are read without torch.
 """
 
@@ -41,5 +41,5 @@ def replays(trainer: str) -> bool:
 
 
 def defaults_help(flag: str) -> str:
-    """The learners' defaults of ``flag`` for its ``--help``: 'pg 4, rloo 0, ...'."""
+    """The learners' defaults of ``flag`` for its ``--help``: 'pg 4, rloo 4, ...'."""
     return ", ".join(f"{name} {values[flag]}" for name, values in LEARNER_DEFAULTS.items() if flag in values)

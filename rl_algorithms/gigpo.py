@@ -16,7 +16,8 @@ and its step-level advantage is G_it against its anchor group's, normalised as t
     A^S_it = (G_it - mean(G over the anchor group)) / (std + eps)      (0 in an anchor group of one)
 
 The advantage is A_it = A^E_i + omega * A^S_it (omega: ``--gigpo_weight``), under GRPO's clipped ratio,
-weights, optional KL term, entropy bonus and replay of successes. No critic: the step groups come from states that recur, which in Taxi they do.
+weights, optional KL term, entropy bonus and replay of successes. No critic: the step groups come from states
+that recur, which in Taxi they do.
 """
 
 from collections import defaultdict

@@ -20,9 +20,12 @@ ratio a replayed decision's behaviour log-probability is the one recorded when i
 policy has since made likelier (ratio above 1 + clip) adds nothing, one it has made rarer is pulled back up.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
+from rl_algorithms.base import Play, UpdateResult
 from rl_algorithms.replay import ReplayBuffer
 from rollout_records import Episode
 
@@ -86,6 +89,15 @@ def replayed_relative(fresh: torch.Tensor, replayed: torch.Tensor, scale: bool) 
     return centred / (torch.cat([fresh, replayed]).std() + EPS) if scale else centred
 
 
+def decision_advantages(episodes: list[Episode], replayed: list[Episode],
+                        grouped: Callable[[torch.Tensor], torch.Tensor], scale: bool) -> np.ndarray:
+    """Each decision's advantage, in ``flat_decisions`` order: the fresh episodes' from their returns by the
+    learner's group baseline ``grouped``, then the replayed successes' against the fresh batch."""
+    fresh = episode_returns(episodes)
+    per_episode = torch.cat([grouped(fresh), replayed_relative(fresh, episode_returns(list(replayed)), scale)])
+    return per_decision([*episodes, *replayed], per_episode).numpy()
+
+
 class SuccessReplay:
     """A group learner's replay of recent successes (``--replay_batch_size``, ``--replay_buffer_size``): the
     buffer, what an update draws from it, and its part of the learner's state. Mixed into a
@@ -100,13 +112,19 @@ class SuccessReplay:
         drawn = self.replay.sample(self.settings.replay_batch_size, rng) if self.settings.replay_batch_size else []
         return [Episode.from_dict({**e, "group": None}) for e in drawn]
 
-    def remember(self, episodes: list[Episode]) -> None:
-        """Keep the fresh batch's successes for later updates."""
+    def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
+        """The learner's update (:meth:`train`) on the fresh episodes and the successes drawn for them; then the
+        fresh batch's successes are kept for later updates."""
+        replayed = self.replayed(rng)
+        result = self.train(episodes, replayed)
         for episode in episodes:
             self.replay.add(episode.to_dict())
+        result.metrics.update(replayed=len(replayed), replay_size=len(self.replay))
+        return result
 
-    def replay_metrics(self, replayed: list[Episode]) -> dict[str, int]:
-        return {"replayed": len(replayed), "replay_size": len(self.replay)}
+    def train(self, episodes: list[Episode], replayed: list[Episode]) -> UpdateResult:
+        """One update on the fresh ``episodes`` (in their groups) and the ``replayed`` successes."""
+        raise NotImplementedError
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "replay": self.replay.state_dict()}

@@ -30,15 +30,8 @@ import contextlib
 import numpy as np
 import torch
 
-from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.group import (
-    SuccessReplay,
-    episode_returns,
-    group_members,
-    group_relative,
-    per_decision,
-    replayed_relative,
-)
+from rl_algorithms.base import Learner, UpdateResult, flat_decisions
+from rl_algorithms.group import SuccessReplay, decision_advantages, group_members, group_relative
 from rl_algorithms.losses import clipped_surrogate, kl_k3, ratio_figures
 from rollout_records import Episode
 
@@ -61,10 +54,8 @@ class GRPO(SuccessReplay, Learner):
                            replayed: list[Episode] = ()) -> np.ndarray:
         """Each decision's share of its episode's group-relative advantage (``members``: the groups), then each
         replayed decision's share of its episode's advantage against the fresh batch."""
-        fresh = episode_returns(episodes)
-        per_episode = torch.cat([group_relative(fresh, members, self.scaled),
-                                 replayed_relative(fresh, episode_returns(list(replayed)), self.scaled)])
-        return per_decision([*episodes, *replayed], per_episode).numpy()
+        return decision_advantages(episodes, replayed, lambda fresh: group_relative(fresh, members, self.scaled),
+                                   self.scaled)
 
     def weights(self, episodes: list[Episode]) -> np.ndarray:
         """Each decision's weight in the loss (see the module's docstring)."""
@@ -72,8 +63,7 @@ class GRPO(SuccessReplay, Learner):
         return np.concatenate([np.full(len(e.decisions), 1.0 / (n * (len(e.decisions) if self.scaled else 1)))
                                for e in episodes] or [np.zeros(0)])
 
-    def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
-        replayed = self.replayed(rng)
+    def train(self, episodes: list[Episode], replayed: list[Episode]) -> UpdateResult:
         batch = episodes + replayed
         decisions, _ = flat_decisions(batch)
         advantages, weights = self.advantages(episodes, replayed), self.weights(batch)
@@ -99,8 +89,7 @@ class GRPO(SuccessReplay, Learner):
             ok, grad_norm = self.step(total)
             applied = applied and ok
         log_ratio = torch.cat(log_ratios) if log_ratios else torch.zeros(0)
-        self.remember(episodes)
-        metrics = {"grad_norm": grad_norm, **self.replay_metrics(replayed), "advantage_abs": float(np.abs(advantages).mean()) if len(advantages) else 0.0,
+        metrics = {"grad_norm": grad_norm, "advantage_abs": float(np.abs(advantages).mean()) if len(advantages) else 0.0,
                    **ratio_figures(log_ratio, clip)}
         if kls:
             metrics["kl_reference"] = float(torch.cat(kls).mean())

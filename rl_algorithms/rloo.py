@@ -17,17 +17,9 @@ with its return against the fresh batch's mean (``rl_algorithms/group.py``), and
 """
 
 import numpy as np
-import torch
 
-from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
-from rl_algorithms.group import (
-    SuccessReplay,
-    episode_returns,
-    group_members,
-    leave_one_out,
-    per_decision,
-    replayed_relative,
-)
+from rl_algorithms.base import Learner, UpdateResult, flat_decisions
+from rl_algorithms.group import SuccessReplay, decision_advantages, group_members, leave_one_out
 from rl_algorithms.losses import advantage_loss
 from rollout_records import Episode
 
@@ -35,13 +27,10 @@ from rollout_records import Episode
 class RLOO(SuccessReplay, Learner):
     def advantages(self, episodes: list[Episode], replayed: list[Episode] = ()) -> np.ndarray:
         """Each decision's advantage, in ``flat_decisions`` order: the fresh episodes', then the replayed ones'."""
-        fresh = episode_returns(episodes)
-        per_episode = torch.cat([leave_one_out(fresh, group_members(episodes)),
-                                 replayed_relative(fresh, episode_returns(list(replayed)), scale=False)])
-        return per_decision([*episodes, *replayed], per_episode).numpy()
+        members = group_members(episodes)
+        return decision_advantages(episodes, replayed, lambda fresh: leave_one_out(fresh, members), scale=False)
 
-    def update(self, episodes: list[Episode], play: Play, rng: np.random.Generator) -> UpdateResult:
-        replayed = self.replayed(rng)
+    def train(self, episodes: list[Episode], replayed: list[Episode]) -> UpdateResult:
         batch = episodes + replayed
         decisions, _ = flat_decisions(batch)
         advantages = self.advantages(episodes, replayed)
@@ -53,6 +42,5 @@ class RLOO(SuccessReplay, Learner):
             loss.backward()
             total += loss.item()
         applied, grad_norm = self.step(total)
-        self.remember(episodes)
-        return UpdateResult(total, applied, {"grad_norm": grad_norm, **self.replay_metrics(replayed),
+        return UpdateResult(total, applied, {"grad_norm": grad_norm,
                                              "advantage_abs": float(np.abs(advantages).mean()) if len(advantages) else 0.0})
