@@ -2,10 +2,11 @@
 
 Each request to ``/v1/chat/completions`` (or ``.../openai/deployments/<d>/chat/completions``
 for Azure) is answered by ``responder(body)``: ``(status, text_or_error)`` or
-``(status, text_or_error, headers)``. A :class:`Raw` text is sent as it is (not as a chat
-completion). Every request is recorded in ``server.requests``; ``delay`` seconds are spent
-on each answer, ``max_in_flight`` records how many were being answered at once, and
-``first_request_at``/``last_answer_at`` (``time.monotonic()``) when requests began and ended.
+``(status, text_or_error, headers)``. A :class:`Raw` text is sent as it is, not as a chat
+completion (:func:`json_body`: any JSON value). Every request is recorded in ``server.requests``;
+``delay`` seconds are spent on each answer, ``max_in_flight`` records how many were being
+answered at once, and ``first_request_at``/``last_answer_at`` (``time.monotonic()``) when
+requests began and ended.
 """
 
 import json
@@ -16,7 +17,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Raw(str):
-    """A response body sent verbatim as text/html (a proxy's error page, say)."""
+    """A response body sent verbatim as ``kind`` (text/html: a proxy's error page, say)."""
+
+    def __new__(cls, text: str, kind: str = "text/html"):
+        raw = super().__new__(cls, text)
+        raw.kind = kind
+        return raw
+
+
+def json_body(value) -> Raw:
+    """``value`` sent as the JSON body of the answer, whatever its shape."""
+    return Raw(json.dumps(value), "application/json")
 
 
 def chat_completion(text: str, model: str, number: int) -> dict:
@@ -63,7 +74,7 @@ class OpenAIServer:
                         owner.last_answer_at = time.monotonic()
                 headers = {"retry-after-ms": "1", **(extra[0] if extra else {})}
                 if isinstance(text, Raw):
-                    data, kind = text.encode(), "text/html"
+                    data, kind = text.encode(), text.kind
                 elif status == 200:
                     data, kind = json.dumps(chat_completion(text, body.get("model", "test"), number)).encode(), \
                         "application/json"

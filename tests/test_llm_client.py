@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.openai_server import OpenAIServer, Raw
+from tests.openai_server import OpenAIServer, Raw, chat_completion, json_body
+from utils import llm
 from utils.llm import ChatClient, LLMError, make_client
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
@@ -163,13 +164,6 @@ def test_a_hard_error_stops_every_other_request():
         assert len(server.requests) <= 2
 
 
-def test_a_page_that_is_not_json_is_a_clear_error():
-    with OpenAIServer(lambda body: (200, Raw("<html>Gateway login</html>"))) as server:
-        client = ChatClient("local", "m", base_url=server.url)
-        with pytest.raises(LLMError, match=r"not a chat completion.*Gateway login"):
-            client.complete(MESSAGES)
-
-
 def test_nothing_listening_stops_within_seconds():
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))
@@ -197,6 +191,98 @@ def test_base_url_is_used_with_api_openai(make_args, monkeypatch):
         client = make_client(make_args(api="openai", base_url=server.url, model="gpt-4o"))
         assert client.endpoint == server.url and client.complete(MESSAGES) == "proxied"
         assert server.requests[0]["headers"]["authorization"] == "Bearer sk-test"
+
+
+# --- replies that are not chat completions ------------------------------------------------------
+
+
+def completion_with(change) -> Raw:
+    """A good chat completion's body, changed in place by ``change``."""
+    body = chat_completion("never read", "m", 1)
+    change(body)
+    return json_body(body)
+
+
+ODD_REPLIES = [  # (the reply, what the error says is wrong with it)
+    pytest.param(Raw("<html>Gateway login</html>"), "the body is not JSON", id="a proxy's page"),
+    pytest.param(Raw('{"id": "chatcmpl-1", "choi', "application/json"), "the body is not JSON", id="JSON cut off"),
+    pytest.param(json_body([chat_completion("hi", "m", 1)]), "the body is a list, not a JSON object", id="a list"),
+    pytest.param(completion_with(lambda body: body.update(choices="hi")), "choices is a string, not a list",
+                 id="choices a string"),
+    pytest.param(completion_with(lambda body: body.update(choices=[])), "no choices", id="choices empty"),
+    pytest.param(completion_with(lambda body: body.pop("choices")), "no choices", id="choices missing"),
+    pytest.param(completion_with(lambda body: body["choices"][0].pop("message")), "no choices[0].message",
+                 id="no message"),
+    pytest.param(completion_with(lambda body: body["choices"][0]["message"].update(content=5)),
+                 "choices[0].message.content is a number, not text", id="content a number"),
+    pytest.param(completion_with(lambda body: body["choices"][0]["message"].update(content=[{"text": "hi"}])),
+                 "choices[0].message.content is a list, not text", id="content a list"),
+]
+
+
+@pytest.mark.parametrize(("reply", "problem"), ODD_REPLIES)
+def test_a_reply_that_is_not_a_chat_completion_is_retried(reply, problem):
+    answers = iter([(200, reply), (200, reply), (200, "at last")])
+    with OpenAIServer(lambda body: next(answers)) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_retries=3)
+        assert client.complete(MESSAGES) == "at last"
+        assert len(server.requests) == 3
+    usage = client.usage
+    assert (usage.requests, usage.retries, usage.answered, usage.empty) == (1, 2, 1, 0)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (11, 7)  # the good reply's alone
+
+
+@pytest.mark.parametrize(("reply", "problem"), ODD_REPLIES)
+def test_odd_replies_until_retries_are_used_up_are_one_clear_error(reply, problem):
+    with OpenAIServer(lambda body: (200, reply)) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_retries=2)
+        with pytest.raises(LLMError) as error:
+            client.complete(MESSAGES)
+        assert len(server.requests) == 3 and client.usage.retries == 2
+    message = str(error.value)
+    assert message.startswith(f"--api=local at {server.url} (model 'm') answered with something that is not a chat "
+                              f"completion ({problem}; 3 tries): ")
+    assert repr(" ".join(str(reply).split())[:200] + ("..." if len(reply) > 200 else "")) in message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_a_long_odd_page_is_quoted_on_one_line_and_cut_short():
+    page = "<html>\n  <body>\n\n" + "Please sign in to the gateway. " * 40 + "THE END</body></html>"
+    with OpenAIServer(lambda body: (200, Raw(page))) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_retries=0)
+        with pytest.raises(LLMError) as error:
+            client.complete(MESSAGES)
+    message = str(error.value)
+    assert "(the body is not JSON; 1 try): '<html> <body> Please sign in to the gateway. Please" in message
+    assert message.endswith("...'") and "THE END" not in message and "\n" not in message
+
+
+def test_odd_replies_back_off_as_a_5xx_does(monkeypatch):
+    monkeypatch.setattr(llm, "MALFORMED_BACKOFF", (0.05, 0.1))
+    answers = iter([(200, Raw("busy"), {"retry-after-ms": "soon"})] * 3 + [(200, "ok")])  # no usable Retry-After
+    with OpenAIServer(lambda body: next(answers)) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_retries=3)
+        start = time.monotonic()
+        assert client.complete(MESSAGES) == "ok"
+        assert time.monotonic() - start >= 0.05 + 0.1 + 0.1  # doubled each time, up to the most
+    assert client.usage.retries == 3
+
+
+def test_a_well_formed_reply_without_text_is_empty_not_odd():
+    no_text = completion_with(lambda body: body["choices"][0]["message"].update(content=None))
+    with OpenAIServer(lambda body: (200, no_text)) as server:
+        client = ChatClient("local", "m", base_url=server.url, max_retries=3)
+        assert client.complete(MESSAGES) is None
+        assert len(server.requests) == 1
+    assert (client.usage.empty, client.usage.retries) == (1, 0)
+
+
+def test_odd_token_counts_do_not_spoil_a_good_answer():
+    odd_usage = completion_with(lambda body: body.update(usage="lots"))
+    with OpenAIServer(lambda body: (200, odd_usage)) as server:
+        client = ChatClient("local", "m", base_url=server.url)
+        assert client.complete(MESSAGES) == "never read"
+    assert (client.usage.prompt_tokens, client.usage.completion_tokens, client.usage.retries) == (0, 0, 0)
 
 
 # --- concurrency ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 reflections checked for their spoiler, and a run killed with SIGKILL that resumes to the same files."""
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -16,7 +17,7 @@ import pytest
 
 from data_gen.common import Journal, Unfinished, reflect_with_api, reflection_problem
 from data_gen.taxi import reflection as taxi_reflection
-from tests.openai_server import OpenAIServer
+from tests.openai_server import OpenAIServer, json_body
 from utils.llm import ChatClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,6 +158,42 @@ def test_taxi_reflection_records_do_not_depend_on_concurrency(make_args, tmp_pat
         (journal,) = (tmp_path / f"n{n}" / ".progress").glob("*.jsonl")
         outputs.append(((tmp_path / f"n{n}" / "data_reflection.json").read_bytes(), journal.read_bytes()))
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_a_server_that_stops_answering_chat_completions_stops_the_step_in_one_line(make_args, tmp_path, capsys):
+    """Odd replies (here a JSON list) are retried, then end the step with exit 1 in one line; the episodes
+    finished before are kept, and a re-run asks only for the others."""
+    settings = {"env": "taxi", "api": "local", "model": "m", "max_concurrency": 1, "llm_max_retries": 2}
+    asked = {}
+    for episodes in (1, 3):
+        with OpenAIServer(fake_reflection) as server:
+            args = make_args(**settings, base_url=server.url, num_episodes=episodes,
+                             output_dir=str(tmp_path / f"n{episodes}"))
+            assert taxi_reflection.main(args) == 0
+            asked[episodes] = len(server.requests)
+    first_episode = asked[1]
+    capsys.readouterr()
+    answered = itertools.count()
+    odd = json_body([{"not": "a chat completion"}])
+    part = tmp_path / "part"
+    with OpenAIServer(lambda body: fake_reflection(body) if next(answered) < first_episode else (200, odd)) as server:
+        args = make_args(**settings, base_url=server.url, num_episodes=3, output_dir=str(part))
+        assert taxi_reflection.main(args) == 1
+        assert len(server.requests) == first_episode + 3  # one state of episode 1, asked three times
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "stopped" in line]
+    assert line == (f"[taxi.reflection] stopped: --api=local at {server.url} (model 'm') answered with something "
+                    "that is not a chat completion (the body is a list, not a JSON object; 3 tries): "
+                    "'[{\"not\": \"a chat completion\"}]' (finished episodes are kept; re-run to resume)")
+    assert "Traceback" not in err and not (part / "data_reflection.json").exists()
+    assert set(Journal(part, taxi_reflection.journal_name(args)).done) == {"episode-0"}
+    with OpenAIServer(fake_reflection) as server:
+        assert taxi_reflection.main(make_args(**settings, base_url=server.url, num_episodes=3,
+                                              output_dir=str(part))) == 0
+        asked_again = len(server.requests)
+    whole_file = (tmp_path / "n3" / "data_reflection.json").read_bytes()
+    assert (part / "data_reflection.json").read_bytes() == whole_file
+    assert asked_again == asked[3] - first_episode  # episode 0 was not asked again
 
 
 def test_oracle_steps_stay_sequential(make_args, tmp_path, monkeypatch):

@@ -8,10 +8,12 @@ the environment knows (see each pipeline's oracle functions), offline and determ
 
 Requests may come from many threads: at most ``--max_concurrency`` are in flight at once.
 Transient failures (rate limits, honouring ``Retry-After``; timeouts; 5xx) are retried
-with exponential backoff by the official ``openai`` client. Hard failures (a bad key, an
-unknown model, a refused request, nothing listening at the address) raise
-:class:`LLMError` at once, naming the endpoint, the model and the server's reason; after
-one, every other request of the client stops too. An empty answer, or one a caller's
+with exponential backoff by the official ``openai`` client, and so, by this one, is a reply
+that is not the chat completion the API promises (not JSON, ``choices`` empty, ``content`` a
+number): once retries are used up it is an :class:`LLMError` quoting what came back. Hard
+failures (a bad key, an unknown model, a refused request, nothing listening at the address)
+raise :class:`LLMError` at once, naming the endpoint, the model and the server's reason;
+after one, every other request of the client stops too. An empty answer, or one a caller's
 ``accept`` check rejects, is never cached: the caller may ask again. Answers can be cached
 on disk (``--llm_cache DIR``); answers at temperature 0 are also remembered in memory, so a
 prompt asked twice is sent once. :attr:`ChatClient.usage` counts requests, answers, retries
@@ -21,6 +23,7 @@ and tokens.
 import functools
 import hashlib
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -34,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
 
 from utils.io import write_text_atomic
 
@@ -46,6 +50,7 @@ AZURE_VERSION_ENV = "AZURE_API_VERSION"
 AZURE_DEFAULT_VERSION = "2024-06-01"
 LOCAL_DEFAULT_URL = "http://localhost:1234/v1"
 RETRIED_STATUS = {408, 409, 429}
+MALFORMED_BACKOFF = (0.5, 8.0)  # seconds before the first retry of a malformed reply, doubled up to the second
 KEY_HINT = {
     "openai": f"check ${KEY_ENV['openai']}",
     "azure": f"check ${KEY_ENV['azure']} and ${AZURE_URL_ENV}",
@@ -61,6 +66,10 @@ logging.getLogger(http.__name__).setLevel(logging.WARNING)
 
 class LLMError(RuntimeError):
     """An LLM request that must not be retried (bad key, unknown model, refused request) or that kept failing."""
+
+
+class _Malformed(Exception):
+    """A reply that is not a chat completion of the API's shape (its message says what is wrong)."""
 
 
 def stops_on_llm_error(step: str, unit: str):
@@ -90,7 +99,7 @@ class Usage:
     in_flight: int = 0
     answered: int = 0  # usable answers received
     cached: int = 0  # answers from the disk cache or the memory of temperature-0 answers
-    retries: int = 0  # retried responses (429, 408, 409, 5xx)
+    retries: int = 0  # retried responses (429, 408, 409, 5xx, replies that are not chat completions)
     empty: int = 0  # answers with no text
     rejected: int = 0  # answers the caller's check refused (e.g. a reflection naming its spoiler)
     prompt_tokens: int = 0
@@ -212,10 +221,7 @@ class ChatClient:
                 self.usage.requests += 1
                 self.usage.in_flight += 1
             try:
-                response = self._send(request)
-                if not isinstance(response, ChatCompletion):
-                    raise LLMError(f"{self.where} answered with something that is not a chat completion: "
-                                   f"{str(response)[:200]!r}")
+                text, prompt_tokens, completion_tokens = self._answer(request)
             except LLMError as error:
                 with self._lock:
                     self._failure = self._failure or error
@@ -224,29 +230,46 @@ class ChatClient:
                 with self._lock:
                     self.usage.in_flight -= 1
         with self._lock:
-            self._reached = True
-            if response.usage is not None:
-                self.usage.prompt_tokens += response.usage.prompt_tokens or 0
-                self.usage.completion_tokens += response.usage.completion_tokens or 0
-        choice = response.choices[0] if response.choices else None
-        return (choice.message.content or "") if choice is not None and choice.message is not None else ""
+            self.usage.prompt_tokens += prompt_tokens
+            self.usage.completion_tokens += completion_tokens
+        return text
+
+    def _answer(self, request: dict) -> tuple[str, int, int]:
+        """The answer's text and its prompt and completion tokens. The openai client takes any HTTP 200 for an
+        answer: a reply that is not a chat completion is retried here as it retries a 5xx."""
+        for retry in itertools.count():
+            reply = self._send(request)
+            with self._lock:
+                self._reached = True
+            try:
+                return _read(reply)
+            except _Malformed as error:
+                problem = str(error)
+            if retry >= self.max_retries:
+                tries = f"{retry + 1} tries" if retry else "1 try"
+                raise LLMError(f"{self.where} answered with something that is not a chat completion ({problem}; "
+                               f"{tries}): {_excerpt(reply.text)!r}")
+            with self._lock:
+                self.usage.retries += 1
+            first, most = MALFORMED_BACKOFF  # a Retry-After of the reply wins, as with a 5xx
+            time.sleep(_retry_after(reply.headers, default=min(most, first * 2 ** retry)))
 
     def _send(self, request: dict):
-        """One chat completion; the openai client retries transient failures. Until the endpoint has
-        answered once, a refused connection is not retried: nothing listens at that address."""
+        """One successful response, unparsed; the openai client retries transient failures. Until the endpoint
+        has answered once, a refused connection is not retried: nothing listens at that address."""
         client = self._client
         try:
             if not self._reached and self.max_retries > 0:
                 try:
-                    return client.with_options(max_retries=0).chat.completions.create(**request)
+                    return client.with_options(max_retries=0).chat.completions.with_raw_response.create(**request)
                 except openai.APIConnectionError as error:
                     if _refused(error):
                         raise LLMError(f"nothing answers at {self.where}: {_root_cause(error)}; is the server "
                                        "running, and is --base_url right?") from None
                 except (openai.RateLimitError, openai.InternalServerError) as error:
-                    time.sleep(_retry_after(error))  # transient: the retrying call below takes over
+                    time.sleep(_retry_after(error.response.headers))  # transient: the retrying call below takes over
                 client = client.with_options(max_retries=self.max_retries - 1)
-            return client.chat.completions.create(**request)
+            return client.chat.completions.with_raw_response.create(**request)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
             raise LLMError(f"authentication failed for {self.where}: {_reason(error)}; {KEY_HINT[self.api]}") from None
         except openai.NotFoundError as error:
@@ -303,15 +326,61 @@ def _reason(error: openai.APIStatusError) -> str:
     return f"HTTP {error.status_code}: {' '.join(str(message).split())[:300]}"
 
 
-def _retry_after(error: openai.APIStatusError, default: float = 0.5, most: float = 60.0) -> float:
-    """Seconds the server asks to wait before a retry (``retry-after-ms`` or ``retry-after``)."""
-    headers = error.response.headers
+def _retry_after(headers, default: float = 0.5, most: float = 60.0) -> float:
+    """Seconds a response's headers ask to wait before a retry (``retry-after-ms`` or ``retry-after``)."""
     for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
         try:
             return min(most, max(0.0, float(headers[name]) * scale))
         except (KeyError, ValueError):
             continue
     return default
+
+
+def _read(reply) -> tuple[str, int, int]:
+    """The text of a raw response's chat completion ("" when the model wrote none) and its prompt and completion
+    tokens; :class:`_Malformed` if it is not one. The openai client builds its models without validating them, so
+    ``choices`` may come back a string and ``content`` a number."""
+    try:
+        completion = reply.parse()
+    except Exception:  # parsing only decodes the body: any error means it is not JSON
+        raise _Malformed("the body is not JSON") from None
+    if isinstance(completion, str) and completion == reply.text:  # a body that is not JSON comes back as its text
+        raise _Malformed("the body is not JSON")
+    if not isinstance(completion, ChatCompletion):
+        raise _Malformed(f"the body is {_shape(completion)}, not a JSON object")
+    choices = completion.choices
+    if not choices:
+        raise _Malformed("no choices")
+    if not isinstance(choices, list):
+        raise _Malformed(f"choices is {_shape(choices)}, not a list")
+    if not isinstance(choices[0], Choice):
+        raise _Malformed(f"choices[0] is {_shape(choices[0])}, not an object")
+    message = choices[0].message
+    if not isinstance(message, ChatCompletionMessage):
+        raise _Malformed("no choices[0].message" if message is None else
+                         f"choices[0].message is {_shape(message)}, not an object")
+    if message.content is not None and not isinstance(message.content, str):
+        raise _Malformed(f"choices[0].message.content is {_shape(message.content)}, not text")
+    usage = completion.usage  # a server may leave it out, or fill it oddly: then nothing is counted
+
+    def tokens(name: str) -> int:
+        value = getattr(usage, name, None)
+        return value if isinstance(value, int) else 0
+
+    return message.content or "", tokens("prompt_tokens"), tokens("completion_tokens")
+
+
+def _shape(value) -> str:
+    """What kind of JSON value ``value`` is, for a message."""
+    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+             list: "a list", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _excerpt(text: str, most: int = 200) -> str:
+    """``text`` on one line, cut at ``most`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _causes(error: BaseException) -> list[BaseException]:
