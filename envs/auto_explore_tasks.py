@@ -8,12 +8,14 @@ import json
 import logging
 import os
 import stat
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from envs.curriculum import Curriculum, Level, proportional_steps
 from envs.sandbox import SandboxError, file_kind, is_safe_name, quote_path, resolve
+from envs.sandbox_copy import shown_files
 from utils.errors import UsageError
 from utils.io import read_input
 from utils.paths import DATA_DIR, REPO_ROOT
@@ -262,11 +264,8 @@ def repo_task(repo: Path, rng: np.random.Generator) -> dict:
     repo = repo.resolve()
     if not repo.is_dir():
         raise UsageError(f"--repo_dir: no such folder {str(repo)!r}")
-    candidates = sorted(
-        p.relative_to(repo).as_posix() for p in repo.rglob("*")
-        if p.is_file() and not p.is_symlink() and file_kind(p.name)
-        and all(is_safe_name(part) for part in p.relative_to(repo).parts) and len(p.relative_to(repo).parts) <= 3
-    )
+    # what the copy leaves out (unreadable, a path too long ...) its own log line counts when the episode starts
+    candidates = shown_files(repo, Counter(), max_depth=2)
     if not candidates:
         raise UsageError(f"--repo_dir: {repo} has no file with an allowed suffix at depth <= 2")
     target = candidates[int(rng.integers(len(candidates)))]

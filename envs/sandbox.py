@@ -5,8 +5,9 @@ out in Python over a private copy of the repository, so the agent (or an API mod
 evaluation) can only read, list and move inside that copy:
 
 * the copy holds only regular files and directories with safe names: symlinks (at any
-  depth), hidden entries, FIFOs, sockets, devices, oversized files and names that could
-  confuse a prompt or a parser (:func:`is_safe_name`) are never copied;
+  depth), hidden entries, FIFOs, sockets, devices, oversized files, names that could
+  confuse a prompt or a parser (:func:`is_safe_name`), entries it cannot read and paths
+  longer than the system takes are never copied (each skip counted by reason and logged);
 * a path is resolved one component at a time with ``os.lstat`` and must stay inside
   the copy: no absolute paths, no ``~``, no ``..`` (except the exact command ``cd ..``);
 * files are opened with ``O_NOFOLLOW`` and read up to a byte bound.

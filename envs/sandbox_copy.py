@@ -4,11 +4,15 @@
 system's temporary folder, or ``--sandbox_dir``), into the process's scratch folder there
 (``envs/scratch.py``: removed at exit, or by the next start if the process was killed): only
 regular files and directories with safe names (:func:`~envs.sandbox_paths.is_safe_name`),
-read with ``O_NOFOLLOW`` up to :data:`MAX_COPY_BYTES` and written read-only.
+read with ``O_NOFOLLOW`` up to :data:`MAX_COPY_BYTES` and written read-only. What it leaves out is
+counted by reason (:func:`entry_skip`; :func:`skip_reason`: an entry it cannot list or read, or whose
+path is too long for the system) and logged. :func:`shown_files` lists the files such a copy holds and
+an episode shows, with the same reasons, for the data steps that walk a repository.
 :func:`link_tree` builds the copy of an episode that leaves entries out: a hard-link tree of the
 pristine copy without them (an episode that leaves nothing out reads the pristine copy itself).
 """
 
+import errno
 import logging
 import os
 import stat
@@ -17,7 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from envs.sandbox_paths import is_safe_name
+from envs.sandbox_paths import file_kind, is_safe_name
 from envs.scratch import process_folder
 
 logger = logging.getLogger(__name__)
@@ -53,59 +57,125 @@ def pristine_copy(source: str | os.PathLike, parent: str | os.PathLike | None = 
         return target
 
 
+def skip_reason(error: OSError) -> str | None:
+    """Why an entry that raised ``error`` when listed, looked at, read or copied is skipped: "unreadable" (no
+    permission) or "path too long" (its path passes PATH_MAX, or a name NAME_MAX); None for any other error (a
+    full disk, a failing drive), which is not the entry's and is raised."""
+    if isinstance(error, PermissionError):
+        return "unreadable"
+    if error.errno == errno.ENAMETOOLONG:
+        return "path too long"
+    return None
+
+
+def entry_skip(entry: os.DirEntry) -> str | None:
+    """Why the copy leaves ``entry`` out by its name, type or size; None for a directory or file it copies."""
+    if entry.name.startswith("."):
+        return "hidden"
+    if not is_safe_name(entry.name):
+        return "unsafe name"
+    if entry.is_symlink():
+        return "symlink"
+    if entry.is_dir(follow_symlinks=False):
+        return None
+    if not entry.is_file(follow_symlinks=False):
+        return "not a file or directory"
+    if entry.stat(follow_symlinks=False).st_size > MAX_COPY_BYTES:
+        return "too large"
+    return None
+
+
+def _sorted(folder: str) -> list[os.DirEntry]:
+    with os.scandir(folder) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def sorted_entries(folder: str, skipped: Counter) -> list[os.DirEntry]:
+    """The entries of ``folder`` by name; none if it cannot be listed (counted in ``skipped``: :func:`skip_reason`)."""
+    try:
+        return _sorted(folder)
+    except OSError as error:
+        reason = skip_reason(error)
+        if reason is None:
+            raise
+        skipped[reason] += 1
+        return []
+
+
 def _copy_tree(source: str, target: str) -> Counter:
     """Copy the regular files and directories of ``source`` into ``target``; count what was skipped."""
     skipped: Counter = Counter()
-    stack = [(source, target)]
+    stack = [(sorted_entries(source, skipped), target)]
     while stack:
-        src_dir, dst_dir = stack.pop()
-        try:
-            with os.scandir(src_dir) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except PermissionError:
-            skipped["unreadable"] += 1
-            continue
+        entries, dst_dir = stack.pop()
         for entry in entries:
-            name = entry.name
-            if name.startswith("."):
-                skipped["hidden"] += 1
-            elif not is_safe_name(name):
-                skipped["unsafe name"] += 1
-            elif entry.is_symlink():
-                skipped["symlink"] += 1
-            elif entry.is_dir(follow_symlinks=False):
-                os.mkdir(os.path.join(dst_dir, name))
-                stack.append((entry.path, os.path.join(dst_dir, name)))
-            elif entry.is_file(follow_symlinks=False):
-                if entry.stat(follow_symlinks=False).st_size > MAX_COPY_BYTES:
-                    skipped["too large"] += 1
-                else:
-                    try:
-                        copied = _copy_file(entry.path, os.path.join(dst_dir, name))
-                    except PermissionError:
-                        skipped["unreadable"] += 1
-                        continue
-                    if not copied:
-                        skipped["changed while copying"] += 1
-            else:
-                skipped["not a file or directory"] += 1
+            dst = os.path.join(dst_dir, entry.name)
+            try:
+                reason = entry_skip(entry)
+                if reason is None and entry.is_dir(follow_symlinks=False):
+                    below = _sorted(entry.path)  # listed first: a folder that cannot be is not copied empty
+                    os.mkdir(dst)
+                    stack.append((below, dst))
+                elif reason is None and not _copy_file(entry.path, dst):
+                    reason = "changed while copying"
+            except OSError as error:
+                reason = skip_reason(error)
+                if reason is None:
+                    raise
+            if reason is not None:
+                skipped[reason] += 1
     return skipped
 
 
-def _copy_file(src: str, dst: str) -> bool:
+def read_regular(path: str, limit: int = MAX_COPY_BYTES) -> bytes | None:
+    """The bytes of the regular file ``path``, opened without following a link; None if it is not one (it turned
+    into a link or a FIFO since it was listed) or holds more than ``limit`` bytes. Raises OSError (an unreadable
+    file, a path too long: :func:`skip_reason`)."""
     # O_NONBLOCK: if the entry turned into a FIFO since it was listed, open must not wait.
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
+            return None
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_COPY_BYTES + 1)
+            data = f.read(limit + 1)
     finally:
         os.close(fd)
-    if len(data) > MAX_COPY_BYTES:
+    return data if len(data) <= limit else None
+
+
+def _copy_file(src: str, dst: str) -> bool:
+    data = read_regular(src)
+    if data is None:
         return False
     _write_read_only(dst, data)
     return True
+
+
+def shown_files(repo: str | os.PathLike, skipped: Counter, max_depth: int | None = None) -> list[str]:
+    """The '/'-separated paths, sorted, of the files of ``repo`` that its sandbox copy holds and an AutoExplore
+    episode shows (an allowed suffix: ``file_kind``), in folders at most ``max_depth`` below the root; what is
+    left out is counted in ``skipped`` as the copy counts it (a file is opened to know it can be read)."""
+    found = []
+    stack = [("", os.fspath(repo))]
+    while stack:
+        rel_dir, folder = stack.pop()
+        for entry in sorted_entries(folder, skipped):
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                reason = entry_skip(entry)
+                if reason is None and entry.is_dir(follow_symlinks=False):
+                    if max_depth is None or rel.count("/") < max_depth:
+                        stack.append((rel, entry.path))
+                elif reason is None and file_kind(entry.name):
+                    os.close(os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+                    found.append(rel)
+            except OSError as error:
+                reason = skip_reason(error)
+                if reason is None:
+                    raise
+            if reason is not None:
+                skipped[reason] += 1
+    return sorted(found)
 
 
 def _write_read_only(path: str, data: bytes) -> None:
@@ -136,13 +206,25 @@ def link_tree(source: str, target: str, leave_out: Callable[[str, bool], bool] |
             if leave_out is not None and leave_out(rel, is_dir):
                 continue
             dst = os.path.join(target, rel)
-            if is_dir:
-                os.mkdir(dst)
-                subdirs.append(rel)
-                continue
             try:
-                os.link(entry.path, dst, follow_symlinks=False)
-            except OSError:
-                with open(entry.path, "rb") as f:
-                    _write_read_only(dst, f.read())
+                if is_dir:
+                    os.mkdir(dst)
+                    subdirs.append(rel)
+                else:
+                    _link(entry.path, dst)
+            except OSError as error:
+                # the pristine copy held it, but this copy's folder has a longer name: left out, as the copy
+                # leaves out a path too long (skip_reason)
+                if error.errno != errno.ENAMETOOLONG:
+                    raise
         stack.extend(reversed(subdirs))
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise
+        with open(src, "rb") as f:  # another file system, or no hard links there
+            _write_read_only(dst, f.read())

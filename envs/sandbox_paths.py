@@ -98,6 +98,8 @@ def resolve(root: str, cwd: str, path: str) -> tuple[str, os.stat_result]:
             status = os.lstat(os.path.join(root, *rel_parts))
         except FileNotFoundError:
             raise SandboxError(f"no such file or directory: {printable(path)}") from None
+        except OSError as error:  # a path longer than the system takes: the copy holds none
+            raise SandboxError(f"{error.strerror or type(error).__name__}: {printable(path)}") from None
         if stat.S_ISLNK(status.st_mode):
             raise SandboxError(f"symbolic links are not followed: {printable(path)}")
     full = os.path.join(root, *rel_parts)

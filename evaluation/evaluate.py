@@ -7,7 +7,10 @@ users do), or from ``--eval_load_list FILE.yaml`` (a list of ``{env, load_dir,
 reflect_load_dir, name}``); if both are empty, the command line's ``--load_dir`` and
 ``--reflect_load_dir`` make the one configuration (beside a list they are ignored, with a
 warning: the list is what a run evaluates, as documented, and a flag that does nothing is said,
-not refused). A ``load_dir`` of null evaluates the base model with a fresh (untrained) LoRA.
+not refused). Each entry names its policy: ``load_dir: base`` evaluates the base model with a fresh
+(untrained) LoRA, and an entry without a ``load_dir`` (or with a null one) is refused, as it would have
+shown the base model's figures under the entry's name. Without a ``reflect_load_dir`` an entry plays
+without reflection.
 
 Before the first episode, every configuration is checked: its keys and env, and each checkpoint
 (it exists, is one, of the player it is given as, with this model's choice labels and, for an RL
@@ -46,6 +49,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -81,6 +85,9 @@ VALIDATION_SEED = HELD_OUT_SEED + 2**30
 
 # The keys of a configuration.
 CONFIG_KEYS = ("env", "load_dir", "reflect_load_dir", "name")
+# The load_dir of an entry that evaluates the base model (with a fresh LoRA, no adapter): said, as a load_dir
+# left out (a slip, a misspelt key) would evaluate it under the entry's name. A folder of that name: ./base.
+BASE = "base"
 # Flags that name the configurations or where the results go, not how they are played: left out of the
 # journal's name, so the same entries listed in another file reuse what finished.
 _NOT_PLAYING = ("eval_load_list", "load_dir", "reflect_load_dir", "ckpt_path", "config", "resume_from")
@@ -138,7 +145,9 @@ def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
         configs += read_eval_load_list(args.eval_load_list)
     from_flags = not configs
     if from_flags:
-        configs = [{"env": args.env, "load_dir": args.load_dir, "reflect_load_dir": args.reflect_load_dir}]
+        # no --load_dir: the base model; --load_dir=base: a folder of that name (BASE is a list entry's word)
+        policy = os.path.join(".", BASE) if args.load_dir == BASE else args.load_dir
+        configs = [{"env": args.env, "load_dir": policy, "reflect_load_dir": args.reflect_load_dir}]
     elif (args.load_dir or args.reflect_load_dir) and not args.eval_load_list:
         # (beside --eval_load_list, the flags' own "does not apply" warning says it: experiment_args)
         logger.warning("--load_dir and --reflect_load_dir are ignored: EVAL_LOAD_LIST in evaluation/evaluate.py "
@@ -150,10 +159,17 @@ def load_configs(args, eval_load_list: list[dict]) -> list[dict]:
     return configs
 
 
+def policy_dir(config: dict) -> str | None:
+    """The checkpoint a configuration's policy loads; None for the base model (``load_dir: base``, or no
+    ``--load_dir`` for the one configuration of the flags)."""
+    directory = config.get("load_dir")
+    return None if directory == BASE else directory
+
+
 def default_name(config: dict) -> str:
     """The name of a configuration that gives none: its policy's checkpoint (or "base model"), and its
     reflector's where it reads one, so that two entries of one policy with and without a reflector differ."""
-    name = config.get("load_dir") or "base model"
+    name = policy_dir(config) or "base model"
     reflector = config.get("reflect_load_dir")
     return f"{name} + reflector {reflector}" if isinstance(reflector, str) and reflector else name
 
@@ -212,11 +228,14 @@ def config_problems(args, config, number: int, from_flags: bool = False) -> str 
         problems.append(f"it is for env {config['env']!r}, but this run evaluates --env={args.env}")
     if not isinstance(config["name"], str):
         problems.append(f"its name must be a string, not {config['name']!r}")
+    if not from_flags and config.get("load_dir") is None:
+        problems.append(f"it names no load_dir (give its policy's checkpoint, or load_dir: {BASE} for the base "
+                        "model with a fresh LoRA)")
     for key, player in (("load_dir", checkpoints.POLICY), ("reflect_load_dir", checkpoints.REFLECTOR)):
         directory = config.get(key)
         where = f"--{key}" if from_flags else key
-        if directory is None or (key == "reflect_load_dir" and directory == ""):
-            continue  # the base model; no reflector
+        if directory is None or (key, directory) in (("load_dir", BASE), ("reflect_load_dir", "")):
+            continue  # the base model (from the flags: no --load_dir); no reflector
         if not isinstance(directory, str):
             problems.append(f"{where} must name a folder, not {directory!r}")
             continue
@@ -231,7 +250,8 @@ def config_problems(args, config, number: int, from_flags: bool = False) -> str 
 
 def config_key(config: dict) -> str:
     """A configuration's key in the journal: its name and what its checkpoints hold."""
-    held = [checkpoints.fingerprint(config[key]) if config.get(key) else None for key in ("load_dir", "reflect_load_dir")]
+    held = [checkpoints.fingerprint(directory) if directory else None
+            for directory in (policy_dir(config), config.get("reflect_load_dir"))]
     return f"{config['name']}|{hashlib.sha256(json.dumps(held).encode()).hexdigest()[:16]}"
 
 
@@ -239,7 +259,7 @@ def evaluate_config(args, config: dict, envs, starts: list[EpisodeStart]) -> dic
     """A configuration's episodes on ``starts``, and where its time went (``"seconds"``: loading the two players,
     playing, and inside playing the reflector's generation and the policy's scoring)."""
     tic = time.time()
-    rollout = TwoPlayerRollout.load(args, config.get("load_dir"), config.get("reflect_load_dir"),
+    rollout = TwoPlayerRollout.load(args, policy_dir(config), config.get("reflect_load_dir"),
                                     reflect=bool(config.get("reflect_load_dir")),
                                     flags=(f"{config.get('name')}: load_dir", f"{config.get('name')}: reflect_load_dir"))
     loaded = time.time()
@@ -403,7 +423,8 @@ def played_settings(args, starts: list[EpisodeStart]) -> tuple:
 def main(args) -> int:
     # Edit this list to evaluate several configurations in one run, e.g.
     # {"env": "taxi", "load_dir": "results/12_rl_finetune/checkpoint-100",
-    #  "reflect_load_dir": "results/10_supervised_pretrain/checkpoint-500", "name": "Reflect-RL"}
+    #  "reflect_load_dir": "results/10_supervised_pretrain/checkpoint-500", "name": "Reflect-RL"},
+    # {"env": "taxi", "load_dir": "base", "name": "base model"}
     EVAL_LOAD_LIST: list[dict] = []  # noqa: N806 - the name the paper's users edit
     evaluation = run(args, EVAL_LOAD_LIST)
     if evaluation.failed:

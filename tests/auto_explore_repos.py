@@ -2,7 +2,9 @@
 
 * :func:`build_repo`: one repository for the env's own tests (a target at depth 2);
 * :func:`build_repos`: two repositories for the data pipeline, with the junk ``filter_repo``
-  must drop; :data:`KEPT` is what it must keep.
+  must drop; :data:`KEPT` is what it must keep;
+* :func:`build_awkward_repo`: one with entries that cannot be read and a path past PATH_MAX (the
+  ``awkward_repo`` fixture of ``tests/conftest.py`` makes them unreadable).
 """
 
 import json
@@ -123,6 +125,37 @@ def build_repos(root):
     write(beta / "data" / "table.tsv", "id\tlabel\tscore\n1\ta\t0.5\n2\tb\t0.7\n")
     write(beta / "settings.json", json.dumps({"debug": False, "workers": 4}))
     write(beta / "src" / "server.go", "package app\n\nfunc StartServer(port int) error {\n\treturn nil\n}\n")
+    return root
+
+
+# The entries of build_awkward_repo that cannot be read (the awkward_repo fixture makes them so), and the secret
+# one of them holds.
+UNREADABLE = ("pkg/secret.py", "locked")
+UNREADABLE_SECRET = "UNREADABLE-5e1d7c02"
+
+
+def build_awkward_repo(root: Path) -> Path:
+    """A repository of readable files (``README.md``, ``pkg/core.py``), the :data:`UNREADABLE` ones, and a chain
+    of folders whose full path passes PATH_MAX with a file at its end (made one folder at a time, relative to the
+    last one: no call can name the whole path)."""
+    write(root / "README.md", "# Awkward\n\nA repository with entries that cannot be read.\n")
+    write(root / "pkg" / "core.py", 'def run_awkward(config):\n    """Run the awkward pipeline on a config."""\n'
+                                    "    return config\n")
+    write(root / "pkg" / "secret.py", f"KEY = '{UNREADABLE_SECRET}'\n")
+    write(root / "locked" / "inner.py", f"KEY = '{UNREADABLE_SECRET}'\n")
+    limit, length = os.pathconf(root, "PC_PATH_MAX"), len(os.fsencode(root / "chain"))
+    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in ["chain"] + ["d" * 200] * ((limit - length) // 201 + 1):
+            os.mkdir(name, dir_fd=folder)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        file = os.open("far.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=folder)
+        os.write(file, b"def far_away():\n    return 'far'\n")
+        os.close(file)
+    finally:
+        os.close(folder)
     return root
 
 

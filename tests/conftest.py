@@ -171,6 +171,39 @@ def chain(tmp_path_factory):
     return paths
 
 
+@pytest.fixture
+def awkward_repo(tmp_path, monkeypatch) -> Path:
+    """tests/auto_explore_repos.py's ``build_awkward_repo``, its ``UNREADABLE`` entries made unreadable: chmod 000,
+    or for root, whom file modes do not stop, ``os.open``, ``os.scandir``, ``os.listdir`` and ``open`` refusing
+    them as the system refuses another user."""
+    import builtins
+    import errno
+    import io
+
+    from tests.auto_explore_repos import UNREADABLE, build_awkward_repo
+
+    repo = build_awkward_repo(tmp_path / "repos" / "awkward")
+    denied = {str(repo / rel) for rel in UNREADABLE}
+    if os.geteuid() != 0:
+        for path in denied:
+            os.chmod(path, 0)
+        yield repo
+        for path in denied:
+            os.chmod(path, 0o755)
+        return
+
+    def refusing(real):
+        def call(path, *args, **kwargs):
+            if isinstance(path, str | bytes | os.PathLike) and os.path.abspath(os.fsdecode(path)) in denied:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    for owner, name in ((os, "open"), (os, "scandir"), (os, "listdir"), (builtins, "open"), (io, "open")):
+        monkeypatch.setattr(owner, name, refusing(getattr(owner, name)))
+    yield repo
+
+
 def same_gradients(steps, other_steps) -> None:
     """Each optimiser step's gradients (lists of tensors, one list per step) equal to float32 rounding, compared
     to each tensor's largest entry: Adam's first step divides each entry by its own size, so the weights after

@@ -1,5 +1,6 @@
 """AutoExplore data pipeline: the steps' pure pieces and flag checks (the chain itself: test_data_auto_explore.py)."""
 
+import json
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from data_gen.auto_explore import (
     collect_repos,
     filter_repo,
+    gen_task,
     split_data,
 )
 from data_gen.auto_explore.gen_task import candidate_questions, parse_pairs
@@ -20,6 +22,25 @@ def test_filter_repo_flags_are_checked(tmp_path):
         filter_repo.main(make())
     with pytest.raises(ValueError, match="--output_dir"):
         filter_repo.main(make(repo_dir=tmp_path, output_dir=tmp_path / "inside"))
+
+
+def test_unreadable_entries_and_paths_too_long_are_dropped_and_counted(awkward_repo, tmp_path, capsys):
+    """A file or folder that cannot be read, or a path past PATH_MAX, stopped filter_repo and gen_task with a
+    PermissionError or "File name too long" traceback: each is dropped and counted in the summary, as a symlink is."""
+    filtered = tmp_path / "filtered"
+    assert filter_repo.main(make(repo_dir=awkward_repo.parent, output_dir=filtered)) == 0
+    summary = capsys.readouterr().out
+    for count in ("dropped dir: path too long: 1", "dropped dir: unreadable: 1", "dropped: unreadable: 1",
+                  "files kept: 2"):
+        assert count in summary, summary
+    kept = {p.relative_to(filtered / "awkward").as_posix() for p in (filtered / "awkward").rglob("*")}
+    assert kept == {"README.md", "pkg", "pkg/core.py"}  # no folder of the chain left empty
+
+    assert gen_task.main(make(repo_dir=awkward_repo.parent, output_dir=tmp_path / "tasks")) == 0
+    summary = capsys.readouterr().out
+    assert "files: 2, " in summary and "skipped: path too long: 1, skipped: unreadable: 2" in summary, summary
+    tasks = json.loads((tmp_path / "tasks" / "data.json").read_text())
+    assert {task["filename"] for task in tasks} == {"README.md", "pkg/core.py"}
 
 
 def test_oracle_question_kinds():

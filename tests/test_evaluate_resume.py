@@ -62,13 +62,13 @@ def test_a_list_whose_second_entry_is_broken_refuses_to_start(players, tmp_path,
 def test_every_bad_entry_is_named_with_what_is_wrong(players, tmp_path, monkeypatch, capsys):
     entries = [{"env": "taxi", "name": "fine", "load_dir": players["policy"]},
                {"env": "taxi", "name": "typo", "loaddir": players["policy"]},
-               {"env": "alfworld", "name": "elsewhere"},
+               {"env": "alfworld", "name": "elsewhere", "load_dir": "base"},
                {"name": "swapped", "load_dir": players["reflector"], "reflect_load_dir": players["policy"]},
                "just a string"]
     line = one_line_exit(monkeypatch, capsys, evaluate.main, evaluate.PROG,
                          [*FLAGS, f"--ckpt_path={tmp_path / 'results'}", f"--eval_load_list={_listing(tmp_path, entries)}"])
     assert "4 of the 5 evaluation configurations cannot run" in line and "configuration 1" not in line
-    assert "configuration 2 (typo): unknown keys ['loaddir']" in line
+    assert "configuration 2 (typo): unknown keys ['loaddir']" in line and "it names no load_dir" in line
     assert "configuration 3 (elsewhere): it is for env 'alfworld', but this run evaluates --env=taxi" in line
     assert (f"configuration 4 (swapped): load_dir {players['reflector']!r} is an SFT reflector checkpoint, not a "
             f"policy; reflect_load_dir {players['policy']!r} is an SFT policy checkpoint, not a reflector") in line
@@ -111,10 +111,11 @@ def test_entries_that_share_a_name_are_refused_and_unnamed_ones_name_their_refle
     args = make_args(env="taxi")
     plain, reflecting = {"load_dir": players["policy"]}, {"load_dir": players["policy"],
                                                          "reflect_load_dir": players["reflector"]}
-    configs = evaluate.load_configs(args, [plain, reflecting, {}])
+    configs = evaluate.load_configs(args, [plain, reflecting, {"load_dir": "base"}])
     assert [c["name"] for c in configs] == [players["policy"], f"{players['policy']} + reflector {players['reflector']}",
                                             "base model"]
-    listed = [{"name": "SFT", **plain}, {"name": "RL", **plain}, {"name": "SFT", **reflecting}, {"name": "RL"}]
+    listed = [{"name": "SFT", **plain}, {"name": "RL", **plain}, {"name": "SFT", **reflecting},
+              {"name": "RL", "load_dir": "base"}]
     with pytest.raises(UsageError) as refused:
         evaluate.load_configs(args, listed)
     assert str(refused.value) == ("no evaluation configuration was played: configurations 1 and 3 share the name "
@@ -123,7 +124,33 @@ def test_entries_that_share_a_name_are_refused_and_unnamed_ones_name_their_refle
     with pytest.raises(UsageError, match=r"^1 of the 3 evaluation configurations cannot run, so none was played: "
                                          r"configuration 3 \(x\): unknown keys \['bad'\].*; configurations 1 and 2 "
                                          r"share the name 'SFT'"):
-        evaluate.load_configs(args, [{"name": "SFT", **plain}, {"name": "SFT"}, {"name": "x", "bad": 1}])
+        evaluate.load_configs(args, [{"name": "SFT", **plain}, {"name": "SFT", "load_dir": "base"},
+                                     {"name": "x", "load_dir": "base", "bad": 1}])
+
+
+def test_an_entry_without_load_dir_is_refused_unless_it_says_base(players, tmp_path, monkeypatch, capsys):
+    """An entry without a load_dir (left out, misspelt, null) evaluated the untrained base model under its name,
+    with exit status 0: it is refused in one line naming it, before anything plays, unless it says load_dir: base,
+    which evaluates the base model with a fresh LoRA (as an empty list with no --load_dir does)."""
+    for second in ({"env": "taxi", "name": "RL"}, {"env": "taxi", "name": "RL", "load_dir": None}):
+        listing = _listing(tmp_path, [{"env": "taxi", "name": "SFT", "load_dir": players["policy"]}, second])
+        line = one_line_exit(monkeypatch, capsys, evaluate.main, evaluate.PROG,
+                             [*FLAGS, f"--ckpt_path={tmp_path / 'results'}", f"--eval_load_list={listing}"])
+        assert line == (f"{evaluate.PROG}: error: 1 of the 2 evaluation configurations cannot run, so none was played: "
+                        "configuration 2 (RL): it names no load_dir (give its policy's checkpoint, or load_dir: base "
+                        "for the base model with a fresh LoRA)")
+        assert not (tmp_path / "results").exists()
+    played = _played(monkeypatch)
+    entries = [{"env": "taxi", "name": "base", "load_dir": "base"}, {"env": "taxi", "load_dir": "base"}]
+    argv = [*FLAGS, "--curriculum_index=0", f"--ckpt_path={tmp_path / 'results'}",
+            f"--eval_load_list={_listing(tmp_path, entries)}"]
+    assert evaluate.main(parse_args(argv)) == 0 and played == ["base", "base model"]
+    (run,) = checkpoints.run_dirs(tmp_path / "results", evaluate.SCRIPT)
+    listed = json.loads((run / "results.json").read_text())
+    # the base model, as the flags' one configuration without --load_dir plays it
+    assert evaluate.main(parse_args([*FLAGS, "--curriculum_index=0", f"--ckpt_path={tmp_path / 'flags'}"])) == 0
+    (flags,) = checkpoints.run_dirs(tmp_path / "flags", evaluate.SCRIPT)
+    assert listed[0]["levels"] == listed[1]["levels"] == json.loads((flags / "results.json").read_text())[0]["levels"]
 
 
 # --- results kept: a failing entry, a resumed run -------------------------------------------------------

@@ -1,5 +1,6 @@
 """python -m envs.play: the oracle wins on each environment; random and human policies run."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -33,6 +34,19 @@ def test_auto_explore_oracle_wins_on_a_small_repo(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "[play] auto_explore / oracle: 4 of 4 episodes succeeded" in result.stdout
     assert "# Choose from below your command" in result.stdout
+
+
+def test_auto_explore_over_a_repo_with_unreadable_entries_and_a_path_too_long(awkward_repo, caplog, capsys):
+    """A file or folder that cannot be read, or a path past PATH_MAX, stopped envs.play with a PermissionError or
+    "File name too long" traceback (in process: the fixture's refusals, for root, are this process's own)."""
+    from envs import play
+    from experiment_args import parse_args
+
+    args = parse_args(["--env", "auto_explore", "--policy", "oracle", "--runs", "4", "--repo_dir", str(awkward_repo)])
+    with caplog.at_level(logging.INFO, logger="envs.sandbox_copy"):
+        assert play.main(args) == 0
+    assert "[play] auto_explore / oracle: 4 of 4 episodes succeeded" in capsys.readouterr().out
+    assert "into the sandbox; skipped {'path too long': 1, 'unreadable': 2}" in caplog.text
 
 
 def test_random_and_human_policies():

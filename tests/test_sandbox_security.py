@@ -7,6 +7,7 @@ raises, failures are ``Error:`` results, the secret never shows, and no file any
 under the test's directory changes.
 """
 
+import logging
 import os
 import shlex
 import signal
@@ -17,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.auto_explore import ERROR_COST, STEP_COST, AutoExploreEnv
-from envs.sandbox import Sandbox, pristine_copy
+from envs.sandbox import Sandbox, link_tree, pristine_copy
 from envs.sandbox_paths import is_safe_name, printable, quote_path
+from tests.auto_explore_repos import UNREADABLE_SECRET
 
 SECRET = "TOPSECRET-9f2c41d7"
 HIDDEN_SECRET = "HIDDENSECRET-3b8e05aa"
@@ -246,6 +248,55 @@ def test_only_safe_regular_entries_are_copied(hostile, no_hang):
                                           key=lambda n: n.rstrip("/"))
     for word in ("leak", "loop", "pipe", "hidden", "uote", "tick", "line", "bad", "home", "outside", "caf"):
         assert word not in listing
+
+
+@pytest.mark.parametrize("leaveout_prob", [0.0, 0.5], ids=["the pristine view", "an episode copy"])
+def test_unreadable_entries_and_paths_too_long_are_left_out_and_counted(awkward_repo, caplog, no_hang, leaveout_prob):
+    """An entry that cannot be read, or whose path passes PATH_MAX, stopped the first reset with a PermissionError
+    or "File name too long" traceback: it is left out of the copy and counted in the copy's line, as a symlink is;
+    the rest is copied and played, down to the deepest folder of the chain the copy holds."""
+    task = {"question": "Where is run_awkward()?", "answer": "", "filename": "pkg/core.py", "root": str(awkward_repo)}
+    env = AutoExploreEnv(tasks=[task], leaveout_prob=leaveout_prob, cost_rule="outcome", horizon=100)
+    with caplog.at_level(logging.INFO, logger="envs.sandbox_copy"):
+        env.reset(seed=0)
+    assert (f"copied {os.path.realpath(awkward_repo)} into the sandbox; skipped {{'path too long': 1, "
+            "'unreadable': 2}") in caplog.text
+    names = {os.fsdecode(name) for name in sandbox_names(env.sandbox_root)}
+    assert "pkg/core.py" in names and not {"pkg/secret.py", "locked", "locked/inner.py"} & names
+    assert not any(name.endswith("far.py") for name in names)
+    for command in ("cat pkg/secret.py", "cd locked", "ls locked", "cat locked/inner.py"):
+        obs, _, _, _, info = env.step_command(command)
+        assert info["error"] and UNREADABLE_SECRET not in obs, command
+    if "chain" in names:  # (an episode copy may leave it out)
+        env.step_command("cd chain")
+        depth = 0
+        while not env.step_command("cd " + "d" * 200)[4]["error"]:
+            depth += 1
+            assert "far.py" not in env.observation
+        assert depth > 10
+    env.reset(seed=0)
+    for command in ("cd pkg", "cat core.py"):
+        assert not env.step_command(command)[4]["error"], command
+    _, _, terminated, _, info = env.step_command("id core.py")
+    assert terminated and info["correct"]
+    env.close()
+
+
+def test_an_episode_copy_leaves_out_a_path_too_long_for_it(tmp_path):
+    """An episode copy's folder has a longer name than the pristine copy's: an entry that fit in the one but not in
+    the other stopped the reset with "File name too long"; it is left out, as the pristine copy leaves one out."""
+    pristine, episode = tmp_path / "p", tmp_path / ("e" * 11)  # 10 bytes longer
+    limit = os.pathconf(tmp_path, "PC_PATH_MAX")
+    deep = pristine.joinpath(*["d" * 100] * ((limit - len(os.fsencode(pristine)) - 100) // 101))
+    deep = deep / ("f" * (limit - 60 - len(os.fsencode(deep)) - 1))  # 60 bytes short of PATH_MAX
+    deep.mkdir(parents=True)
+    (deep / "a.py").write_text("x = 1\n")
+    fits = "n" * 58  # its path one byte short of PATH_MAX in the pristine copy, 9 bytes past it in the episode's
+    (deep / fits).write_text("y = 2\n")
+    episode.mkdir()
+    link_tree(str(pristine), str(episode))
+    copied = episode / deep.relative_to(pristine)
+    assert (copied / "a.py").read_text() == "x = 1\n" and fits not in os.listdir(copied)
 
 
 def test_odd_safe_names_round_trip_through_the_enumerator(hostile, no_hang):

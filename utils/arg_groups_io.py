@@ -123,7 +123,8 @@ class EvalArguments(_Group):
         "oracle", "envs.play: who picks the actions (the env's oracle, uniform random, or you).")
     runs: int = _arg(1, "Episodes to play (envs.play), or per level or problem (evaluation.evaluate_gpt).")
     eval_load_list: str | None = _arg(
-        None, "YAML list of {env, load_dir, reflect_load_dir} to evaluate in one run.")
+        None, "YAML list of {env, load_dir, reflect_load_dir, name} to evaluate in one run (load_dir: base for "
+        "the base model).")
     gpt_protocol: Literal["two_turn", "one_turn", "react"] = _arg(
         "two_turn", "API-model evaluation: at each step the model first reflects, then acts, in one conversation "
         "holding the episode so far (two_turn, the paper's protocol); answers with a thought and an action in "

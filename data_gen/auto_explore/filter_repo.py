@@ -11,8 +11,10 @@ Every immediate subfolder of ``--repo_dir`` is a repository; its filtered copy g
 * it has at least :data:`MIN_CHARS` characters, at least :data:`MIN_ASCII_FRACTION` of
   its bytes are ASCII, and it is small enough to enter a sandbox.
 
-Folders left empty are dropped and symlinks are never followed. Re-running replaces a
-repository's filtered copy as a whole (built in a temporary folder, then renamed).
+Folders left empty are dropped and symlinks are never followed; an entry that cannot be listed or
+read, or whose path is longer than the system takes, is dropped too (``envs.sandbox_copy.skip_reason``).
+Each drop is counted by reason in the summary. Re-running replaces a repository's filtered copy as a whole
+(built in a temporary folder, then renamed).
 """
 
 import logging
@@ -25,6 +27,7 @@ from pathlib import Path
 from data_gen.common import print_counts
 from envs.auto_explore_tasks import DEFAULT_REPOS_DIR, target_depth
 from envs.sandbox import MAX_COPY_BYTES, file_kind, is_safe_name
+from envs.sandbox_copy import read_regular, skip_reason
 from experiment_args import run_script
 from prompts import LABELS
 from utils.errors import UsageError
@@ -68,44 +71,68 @@ def content_reason(data: bytes) -> str | None:
 def filter_tree(source: Path, target: Path, counts: Counter, rel_dir: str = "") -> int:
     """Copy the kept files under ``source/rel_dir`` into ``target``; the number kept.
 
-    Folders are made only for a kept file, so a folder left empty never appears.
+    Folders are made only for a kept file, so a folder left empty never appears. Raises OSError if
+    ``source/rel_dir`` cannot be listed (its parent's call counts it).
     """
     kept = 0
     with os.scandir(source / rel_dir) as it:
         entries = sorted(it, key=lambda e: e.name)
     for entry in entries:
         rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-        if entry.is_symlink():
-            counts["dropped: symlink"] += 1
-            continue
-        is_dir = entry.is_dir(follow_symlinks=False)
-        reason = name_reason(entry.name)
-        if reason is None and not is_dir:
-            if not entry.is_file(follow_symlinks=False):
-                reason = "not a regular file"
-            elif file_kind(entry.name) is None:
-                reason = "suffix not allowed"
-            elif entry.stat(follow_symlinks=False).st_size > MAX_COPY_BYTES:
-                reason = "too large"
-        if reason is not None:
+        is_dir = False
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            kept += filter_entry(source, target, counts, rel, entry, is_dir)
+        except OSError as error:
+            reason = skip_reason(error)
+            if reason is None:
+                raise
             counts[f"dropped{' dir' if is_dir else ''}: {reason}"] += 1
-            continue
-        if is_dir:
-            below = filter_tree(source, target, counts, rel)
-            if not below:
-                counts["dropped dir: empty"] += 1
-            kept += below
-            continue
-        data = (source / rel).read_bytes()
-        reason = content_reason(data)
-        if reason is not None:
-            counts[f"dropped: {reason}"] += 1
-            continue
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        (target / rel).write_bytes(data)
-        counts[f"kept at depth {target_depth(rel)}"] += 1
-        kept += 1
     return kept
+
+
+def filter_entry(source: Path, target: Path, counts: Counter, rel: str, entry: os.DirEntry, is_dir: bool) -> int:
+    """Keep the file ``rel`` (1) or the kept files below the folder ``rel`` (their number), or drop it (0)."""
+    if entry.is_symlink():
+        counts["dropped: symlink"] += 1
+        return 0
+    reason = name_reason(entry.name)
+    if reason is None and not is_dir:
+        if not entry.is_file(follow_symlinks=False):
+            reason = "not a regular file"
+        elif file_kind(entry.name) is None:
+            reason = "suffix not allowed"
+        elif entry.stat(follow_symlinks=False).st_size > MAX_COPY_BYTES:
+            reason = "too large"
+    if reason is not None:
+        counts[f"dropped{' dir' if is_dir else ''}: {reason}"] += 1
+        return 0
+    if is_dir:
+        below = filter_tree(source, target, counts, rel)
+        if not below:
+            counts["dropped dir: empty"] += 1
+        return below
+    data = read_regular(str(source / rel))
+    if data is None:  # no longer a regular file, or grown past the bound, since it was listed
+        counts["dropped: changed while reading"] += 1
+        return 0
+    reason = content_reason(data)
+    if reason is not None:
+        counts[f"dropped: {reason}"] += 1
+        return 0
+    path = target / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.write_bytes(data)
+    except OSError:
+        # a path too long here (the output folder's is longer than the source's): no folder left empty by it
+        for folder in path.relative_to(target).parents[:-1]:
+            if any((target / folder).iterdir()):
+                break
+            (target / folder).rmdir()
+        raise
+    counts[f"kept at depth {target_depth(rel)}"] += 1
+    return 1
 
 
 def crowded_dirs(root: Path) -> list[str]:
@@ -127,6 +154,13 @@ def filter_repo(source: Path, out_dir: Path, counts: Counter) -> int:
     staging.mkdir(parents=True)
     try:
         kept = filter_tree(source, staging, counts)
+    except OSError as error:
+        reason = skip_reason(error)
+        if reason is None:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        counts[f"dropped repo: {reason}"] += 1  # its folder cannot be listed
+        kept = 0
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -17,6 +17,9 @@ up to :data:`MAX_FILES_PER_REPO` files of depth <= :data:`MAX_TASK_DEPTH` are dr
   keys, names in other code, a text file's first line); the answer is the file's path.
   A question that more than one file of the repository would answer is never asked.
 
+Only the files an episode shows are drawn (``envs.sandbox_copy.shown_files``): the entries left out (a
+symlink, an unreadable file or folder, a path too long ...) are counted by reason in the summary.
+
 Output: ``tasks/<repo>.json`` and ``tasks/data.json`` (all repos), in ``--output_dir``.
 Finished files are journaled (key: repo, path and content digest), so re-runs skip them.
 A run that writes no task at all ends with status 1.
@@ -36,7 +39,8 @@ import yaml
 from data_gen.auto_explore import TASKS_DIR, filtered_repos_dir, list_repos
 from data_gen.common import Journal, Unfinished, item_rng, journal_name, print_counts
 from envs.auto_explore_tasks import optimal_path, target_depth
-from envs.sandbox import TOKEN_RE, file_kind, is_safe_name
+from envs.sandbox import TOKEN_RE, file_kind
+from envs.sandbox_copy import shown_files
 from experiment_args import run_script
 from utils.errors import UsageError
 from utils.io import write_json
@@ -288,20 +292,10 @@ def read_text(path: Path) -> str:
         return handle.read(MAX_READ_CHARS)
 
 
-def repo_files(repo_path: Path) -> list[str]:
-    """The files an AutoExplore episode can see, relative to the repo root, sorted."""
-    found = []
-    stack = [repo_path]
-    while stack:
-        folder = stack.pop()
-        for entry in folder.iterdir():
-            if entry.is_symlink() or not is_safe_name(entry.name):
-                continue
-            if entry.is_dir():
-                stack.append(entry)
-            elif entry.is_file() and file_kind(entry.name):
-                found.append(entry.relative_to(repo_path).as_posix())
-    return sorted(found)
+def repo_files(repo_path: Path, skipped: Counter) -> list[str]:
+    """The files an AutoExplore episode can see, relative to the repo root, sorted; what it cannot (a symlink,
+    an unreadable file, a path too long ...) counted in ``skipped`` (``envs.sandbox_copy.shown_files``)."""
+    return shown_files(repo_path, skipped)
 
 
 def make_task(question: str, answer: str, rel: str, repo: str, model: str) -> dict:
@@ -342,10 +336,10 @@ def main(args) -> int:
                          f"{out_dir}/data.json; rename its folder")
     client = make_client(args)
     journal = Journal(out_dir, journal_name("gen_task", model_name(args), args.seed))
-    items, sampled = [], {}
+    items, sampled, skipped = [], {}, Counter()
     for repo in repos:
         repo_path = repos_dir / repo
-        files = repo_files(repo_path)
+        files = repo_files(repo_path, skipped)
         shallow = [rel for rel in files if target_depth(rel) <= MAX_TASK_DEPTH]
         rng = item_rng(args.seed, "gen_task", repo)
         picks = sorted(rng.choice(len(shallow), size=min(MAX_FILES_PER_REPO, len(shallow)), replace=False)) \
@@ -373,6 +367,7 @@ def main(args) -> int:
         counts["files with nothing to ask"] = statuses["nothing"]
     else:
         counts["malformed answers"] = statuses["malformed"]
+    counts.update({f"skipped: {reason}": n for reason, n in sorted(skipped.items())})
     counts["tasks"] = len(all_tasks)
     counts.update({f"depth {d}": n for d, n in sorted(depths.items())})
     counts["output"] = str(out_dir)
