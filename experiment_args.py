@@ -19,6 +19,7 @@ import argparse
 import contextvars
 import dataclasses
 import difflib
+import gc
 import logging
 import sys
 from dataclasses import dataclass
@@ -29,13 +30,14 @@ import yaml
 from transformers import HfArgumentParser
 
 from rl_algorithms.defaults import learner_defaults
+from utils import complete
 from utils.arg_fields import RL_SCRIPT, SFT_SCRIPT, applicability, arg_metadata, need
 from utils.arg_groups import CurriculumArguments, EnvArguments, OptimArguments, RLArguments
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
 from utils.arg_groups_model import ModelArguments
 from utils.cuda import cuda_available
 from utils.errors import UsageError
-from utils.io import read_input
+from utils.io import full_disk, read_input
 from utils.parity import PRESETS
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE
 
@@ -203,8 +205,12 @@ def _load_yaml(path: Path, flag: str) -> dict:
     return values
 
 
-def _to_argv(values: dict, source: str) -> list[str]:
-    """Flag values (from a YAML file) as command-line words, so argparse checks their types."""
+def _to_argv(values: dict, source: str, parser: argparse.ArgumentParser | None = None,
+             over: frozenset[str] = frozenset()) -> list[str]:
+    """Flag values (from a YAML file) as command-line words, so argparse checks their types. With ``parser``,
+    the values of a settings file: each is checked first as its flag's would be (:func:`_file_value_problem`),
+    a bad one an error naming ``source`` (the file) and the key, and those of ``over`` (the names a later
+    source gives, whose value wins) are left out, unchecked."""
     known = {f.name for f in dataclasses.fields(ScriptArguments)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -213,13 +219,46 @@ def _to_argv(values: dict, source: str) -> list[str]:
         raise ValueError(f"{source} has unknown keys {unknown}" + (f" ({hints})" if hints else ""))
     argv: list[str] = []
     for key, value in values.items():
-        if key == "config" or value is None:
+        if key == "config" or value is None or key in over:
             continue
+        problem = None if parser is None else _file_value_problem(parser, key, value)
+        if problem:
+            raise UsageError(f"{source}: {key}: {problem}")
         if isinstance(value, list):
             argv += [f"--{key}", *map(str, value)]
         else:
             argv.append(f"--{key}={value}")
     return argv
+
+
+# What a value of each flag type must be, as a file's error says it (argparse's own words name the flag only).
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
+
+
+def _file_value_problem(parser: argparse.ArgumentParser, key: str, value) -> str | None:
+    """What is wrong with a settings file's ``value`` of the flag ``key`` for argparse (its type, its choices, one
+    value or a list), in a phrase; None if argparse takes it."""
+    action = parser._option_string_actions[f"--{key}"]
+    if isinstance(value, list) and action.nargs not in ("+", "*"):
+        return f"{value!r} is a list; it takes one value"
+    for word in map(str, value if isinstance(value, list) else [value]):
+        try:
+            converted = action.type(word) if action.type else word
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            return f"{word!r} is not {_TYPE_WORDS.get(getattr(action.type, '__name__', ''), 'a valid value')}"
+        if action.choices is not None and converted not in action.choices:
+            return f"{word!r} is not one of {tuple(action.choices)}"
+    return None
+
+
+def _named_by_file(error: ValueError, origins: dict[str, str]) -> ValueError:
+    """A settings check's error (``--name: what``, ``utils.arg_fields.need``) about a value that came from a file,
+    said as that file's (``origins``: the file each such value came from), or ``error`` as it is."""
+    flag, colon, what = str(error).partition(": ")
+    name = flag.removeprefix("--")
+    if not colon or not flag.startswith("--") or name not in origins:
+        return error
+    return UsageError(f"{origins[name]}: {name}: {what}")
 
 
 def _flags_in(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
@@ -249,7 +288,10 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     script = script_name(parser.prog)
     try:
         config = _load_yaml(Path(known.config), "--config") if known.config else {}
-        explicit = _to_argv(config, f"--config: {known.config}") + argv
+        # A file's value that fails its check is said as the file's; an explicit flag's as the flag's.
+        given = frozenset(_flags_in(parser, argv))
+        config_source = f"--config: {known.config}"
+        explicit = _to_argv(config, config_source, parser, over=given) + argv
         resume_from = known.resume_from or config.get("resume_from")
         saved = {}
         if resume_from:
@@ -257,13 +299,21 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
             saved = _load_yaml(Path(resume_from) / SETTINGS_FILE, "--resume_from")
         # Precedence, lowest first: a resumed run's settings, the preset, --config, the command line.
         preset = known.preset or config.get("preset") or saved.get("preset")
-        preset_argv = _to_argv(PRESETS.get(preset, {}), f"--preset={preset}")
+        preset_values = PRESETS.get(preset, {})
+        preset_argv = _to_argv(preset_values, f"--preset={preset}")
+        saved_source = f"--resume_from: {resume_from}/{SETTINGS_FILE}"
+        origins = {**{name: saved_source for name in saved}, **{name: config_source for name in config}}
+        origins = {name: where for name, where in origins.items()
+                   if name not in given and (where == config_source or name not in preset_values)}
         parsing = _SCRIPT.set(script)
         try:
-            words = _to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")},
-                             f"--resume_from: {resume_from}/{SETTINGS_FILE}") + preset_argv + explicit
-            args, remaining = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False,
-                                                                 return_remaining_strings=True)
+            words = _to_argv({k: v for k, v in saved.items() if k not in ("resume_from", "config")}, saved_source,
+                             parser, over=given | set(config) | set(preset_values)) + preset_argv + explicit
+            try:
+                args, remaining = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False,
+                                                                     return_remaining_strings=True)
+            except ValueError as error:  # a settings check (__post_init__)
+                raise _named_by_file(error, origins) from None
             if remaining:
                 raise UsageError(unknown_words(parser, remaining))
         finally:
@@ -324,6 +374,12 @@ def check_resumable(path: Path, script: str, prog: str) -> None:
         raise UsageError(f"--resume_from: no such checkpoint folder {str(path)!r}")
     state = RESUME_STATE.get(script)
     if state is None or (path / state).is_file():
+        complete.clean_scratch(path.parent)  # what a kill left beside it: said, and put right
+        torn = complete.problems(path)[0]
+        if torn and state is not None:
+            newest = complete.newest_whole(path.parent)
+            raise UsageError(f"--resume_from: {path} {torn[0]}" + (f"; its run's newest whole one is {newest}"
+                                                                    if newest else ""))
         return
     writer = next((name for name, file in RESUME_STATE.items() if (path / file).is_file()), None)
     if writer is None:
@@ -342,10 +398,20 @@ def run_script(main, prog: str, env: str | None = None, defaults: tuple[str, ...
 
 
 def one_line_usage_errors(prog: str, main, *arguments) -> int:
-    """``main(*arguments)``, where a :class:`errors.UsageError` ends the program with one line and status 2 (the
-    entry points that parse their own command line: ``benchmarks.rl_iteration`` ...)."""
+    """``main(*arguments)``, where a :class:`errors.UsageError` (or a full disk, :func:`utils.io.full_disk`) ends
+    the program with one line and status 2 (the entry points that parse their own command line:
+    ``benchmarks.rl_iteration`` ...). The line comes last: what the stopped work still held (a progress bar that
+    redraws itself when it closes) is let go first."""
     try:
         return main(*arguments)
     except UsageError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-        return 2
+        said = str(error)
+    except Exception as error:  # a full disk, said below the top (then a file's close failed too) or nowhere
+        full = full_disk(error)
+        if full is None:
+            raise
+        said = str(full)
+        del full
+    gc.collect()  # the frames of the failed work, and the progress bars in them, close here
+    print(f"{prog}: error: {said}", file=sys.stderr, flush=True)
+    return 2

@@ -32,7 +32,8 @@ from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, LearnerSettings, UpdateResult
 from rollout import TwoPlayerRollout
 from rollout_records import Episode, EpisodeStart, RolloutStats
-from utils import checkpoints, metrics, seeding
+from utils import checkpoints, complete, metrics, seeding
+from utils.io import AGAIN, on_full_disk
 
 logger = logging.getLogger(__name__)
 SCRIPT = "rl_finetune"
@@ -61,31 +62,32 @@ def main(args) -> int:
     if panel is not None and progress.iteration == 0:
         recorder.log_heldout(0, panel.evaluate(rollout))  # where the policy starts
 
-    for iteration in recorder.iterations(progress.iteration):
-        tic, before = time.time(), dataclasses.replace(rollout.stats)
-        level = curriculum.level_at(iteration)
+    # a full disk anywhere in the loop is said in one line, with the checkpoint to resume from
+    with on_full_disk(recorder.run_dir or args.ckpt_path, then=recorder.resume_hint):
+        for iteration in recorder.iterations(progress.iteration):
+            tic, before = time.time(), dataclasses.replace(rollout.stats)
+            level = curriculum.level_at(iteration)
 
-        # --- rollout
-        episodes = play(episode_starts(curriculum, level, args.per_device_eval_batch_size, rng, args.group_size), rng)
+            # --- rollout
+            episodes = play(episode_starts(curriculum, level, args.per_device_eval_batch_size, rng, args.group_size), rng)
 
-        # --- update: returns, loss and optimiser steps belong to the learner
-        result = learner.update(episodes, play, rng)
-        if not result.applied:
-            progress.nan_skips += 1
-            logger.warning("iteration %d: non-finite loss or gradient (%s); update skipped", iteration + 1,
-                           result.loss)
+            # --- update: returns, loss and optimiser steps belong to the learner
+            result = learner.update(episodes, play, rng)
+            if not result.applied:
+                progress.nan_skips += 1
+                logger.warning("iteration %d: non-finite loss or gradient (%s); update skipped", iteration + 1,
+                               result.loss)
 
-        # --- log/checkpoint
-        progress.iteration = iteration + 1
-        record = iteration_metrics(accelerator, episodes, result, before, rollout.stats, progress)
-        record.update(seconds=time.time() - tic, level=curriculum.levels[level].name, level_index=level)
-        if panel is not None and progress.iteration % args.eval_steps == 0:  # after the figures above,
-            record.update(panel.evaluate(rollout))  # so the panel's tokens never count as training's
-        recorder.log(progress.iteration, record, episodes)
-        if progress.iteration % args.save_steps == 0 or progress.iteration == args.max_steps:
-            recorder.checkpoint(progress, rollout, learner, rng, level)
-
-    recorder.close(progress)
+            # --- log/checkpoint
+            progress.iteration = iteration + 1
+            record = iteration_metrics(accelerator, episodes, result, before, rollout.stats, progress)
+            record.update(seconds=time.time() - tic, level=curriculum.levels[level].name, level_index=level)
+            if panel is not None and progress.iteration % args.eval_steps == 0:  # after the figures above,
+                record.update(panel.evaluate(rollout))  # so the panel's tokens never count as training's
+            recorder.log(progress.iteration, record, episodes)
+            if progress.iteration % args.save_steps == 0 or progress.iteration == args.max_steps:
+                recorder.checkpoint(progress, rollout, learner, rng, level)
+        recorder.close(progress)
     for env in envs + (panel.envs if panel is not None else []):
         env.close()
     # every rank waits for rank 0's last checkpoint, then the process group is torn down cleanly
@@ -219,6 +221,10 @@ class Recorder:
                 files={"episodes.jsonl": "".join(json.dumps(e) + "\n" for e in logs)})
             checkpoints.prune_checkpoints(self.run_dir, self.args.save_total_limit)
         self.window = []
+
+    def resume_hint(self) -> str:
+        """What to do after a full disk stopped the run: resume from its newest whole checkpoint."""
+        return complete.resume_hint(self.run_dir) if self.run_dir is not None else AGAIN
 
     def close(self, progress: Progress) -> None:
         if self.is_main:

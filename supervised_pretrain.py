@@ -27,8 +27,9 @@ from prompts import (
     label_alphabet,
     tokenizer_name,
 )
+from utils.complete import resume_hint
 from utils.errors import UsageError
-from utils.io import read_input
+from utils.io import on_full_disk, read_input
 
 logger = logging.getLogger(__name__)
 SCRIPT = "supervised_pretrain"
@@ -194,7 +195,7 @@ def main(args) -> int:
         max_grad_norm=args.max_grad_norm,
         logging_steps=args.logging_steps,
         save_steps=args.save_steps,
-        save_total_limit=args.save_total_limit,
+        save_total_limit=None,  # RunFiles prunes, once a checkpoint is whole
         optim=args.optim,
         bf16=args.bf16,
         fp16=args.fp16,
@@ -211,7 +212,8 @@ def main(args) -> int:
                       data_collator=PadCollator(tokenizer.pad_token_id, completion_logits(args, model)),
                       processing_class=tokenizer,
                       callbacks=[guard, files])
-    result = trainer.train(resume_from_checkpoint=args.resume_from)
+    with on_full_disk(run_dir, then=lambda: resume_hint(run_dir)):
+        result = trainer.train(resume_from_checkpoint=args.resume_from)
     final = run_dir / f"checkpoint-{trainer.state.global_step}"
     seconds = result.metrics.get("train_runtime", float("nan")) / max(files.steps_done, 1)
     print(f"[supervised_pretrain] {seconds:.2f} s per step, {metrics.peak_memory()}", flush=True)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from utils.io import write_text_atomic
+from utils.io import on_full_disk, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +111,10 @@ class Journal:
                         self.done[key] = result
                     written += 1
                 if lines:
-                    journal.write("".join(lines))
-                    journal.flush()
-                    os.fsync(journal.fileno())
+                    with on_full_disk(self.path):  # a torn last line is dropped when the journal is read again
+                        journal.write("".join(lines))
+                        journal.flush()
+                        os.fsync(journal.fileno())
                 bar.update(len(finished))
                 if status is not None:
                     bar.set_postfix(status(), refresh=False)

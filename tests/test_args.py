@@ -66,12 +66,45 @@ def test_missing_config_file_is_named(tmp_path, capsys):
     assert "nope.yaml" in capsys.readouterr().err
 
 
-def test_bad_yaml_type_names_the_flag(tmp_path, capsys):
-    config = tmp_path / "bad.yaml"
-    config.write_text("max_steps: many\n")
-    with pytest.raises(SystemExit):
-        parse_args([f"--config={config}"])
-    assert "--max_steps" in capsys.readouterr().err
+def _error_line(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].partition(" error: ")[2]
+
+
+@pytest.mark.parametrize("content, says", [
+    ("max_steps: lots", "max_steps: 'lots' is not an integer"),
+    ("learning_rate: fast", "learning_rate: 'fast' is not a number"),
+    ("shrink_head: maybe", "shrink_head: 'maybe' is not true or false"),
+    ("curriculum_steps: [3, x]", "curriculum_steps: 'x' is not an integer"),
+    ("max_steps: [1, 2]", "max_steps: [1, 2] is a list; it takes one value"),
+    ("text_layout: theirs", "text_layout: 'theirs' is not one of ('ours', 'paper')"),
+    ("max_steps: 0", "max_steps: must be >= 1, got 0"),  # a settings check (__post_init__)
+    ("trainer: nonsense", "trainer: 'nonsense' is not one of ("),
+])
+def test_a_bad_value_of_a_settings_file_names_the_file_and_the_key(content, says, tmp_path, capsys):
+    """A --config or --resume_from setting.yml value that failed its check was said as the flag's (--max_steps),
+    not naming the file: it names the file and the key now; an explicit flag keeps its message, and its value wins
+    over a file's bad one, which is then not checked."""
+    config = tmp_path / "a.yaml"
+    config.write_text(content + "\n")
+    assert _error_line(capsys, [f"--config={config}"]).startswith(f"--config: {config}: {says}")
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "setting.yml").write_text(content + "\n")
+    assert _error_line(capsys, [f"--resume_from={checkpoint}"]).startswith(
+        f"--resume_from: {checkpoint}/setting.yml: {says}")
+    key = content.partition(":")[0]
+    good = {"max_steps": "5", "learning_rate": "0.1", "shrink_head": "true", "text_layout": "paper",
+            "trainer": "ppo"}.get(key)
+    if good is not None:  # (curriculum_steps needs a curriculum too)
+        assert str(getattr(parse_args([f"--config={config}", f"--{key}", good]), key)).lower() == good
+
+
+def test_a_bad_value_of_a_flag_keeps_its_message(capsys):
+    assert _error_line(capsys, ["--max_steps", "lots"]) == "argument --max_steps/--max-steps: invalid int value: 'lots'"
+    assert _error_line(capsys, ["--max_steps=0"]) == "--max_steps: must be >= 1, got 0"
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,7 @@ def test_a_run_folder_given_as_a_checkpoint_names_its_newest(players, tmp_path):
     for step in (5, 10):
         role_checkpoint(run / f"checkpoint-{step}", SFT_POLICY)
     errors, _ = checkpoints.checkpoint_problems(ScriptArguments(model_name="tiny-gpt2", env="taxi"), run, POLICY)
-    assert errors == [f"is a run folder, not a checkpoint: give one of its checkpoints, e.g. the newest, "
+    assert errors == [f"is a run folder, not a checkpoint: give one of its checkpoints, e.g. the newest whole one, "
                       f"{run / 'checkpoint-10'}"]
 
 

@@ -242,6 +242,7 @@ def test_a_quantised_model_is_never_trained_in_full(make_args, tmp_path):
     whole = tmp_path / "whole"
     whole.mkdir()
     (whole / "config.json").write_text("{}")
+    (whole / "model.safetensors").write_bytes(b"")  # never read: refused first
     args = make_args()
     args.load_in_8bit, args.load_in_4bit = False, True
     with pytest.raises(UsageError, match=r"^--load_in_4bit cannot train every weight \(the whole model saved in"):

@@ -53,6 +53,7 @@ OVERRIDES = {
     "benchmarks.rl_iteration": ["--max_steps=2", "--per_device_eval_batch_size=2", "--reflect_max_new_tokens=4"],
     "benchmarks.sft_step": ["--max_steps=2", "--per_device_train_batch_size=2"],
     "benchmarks.llm_concurrency": ["--episodes=4", "--latency=0.01", "--concurrency", "1", "4"],
+    "benchmarks.two_process_exit": ["--runs=1", "--no_load"],
 }
 # On SmolLM2, after the above (the later flag wins): one RL iteration, whose checkpoint the evaluation reads
 ON_SMOLLM2 = {"rl_finetune.py": ["--max_steps=1"]}

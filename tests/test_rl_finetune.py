@@ -1,7 +1,6 @@
 """rl_finetune.py end to end with tiny-gpt2 on Taxi: trainers, checkpoints, exact resume, NaN skips."""
 
 import json
-import os
 
 import pytest
 import torch
@@ -122,20 +121,18 @@ def test_rl_from_an_sft_adapter_with_a_frozen_reflector(make_args, tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_roll_out_different_episodes_and_stay_in_sync(tmp_path):
+    """Two ranks on the CPU (gloo) as ``accelerate launch --multi_gpu`` starts them, the run of
+    ``benchmarks.two_process_exit`` (which measures how often it exits 0 under load: every time since the fix)."""
     import subprocess
-    import sys
 
+    from benchmarks import two_process_exit
     from tests.conftest import REPO
 
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(REPO / "rl_finetune.py"), "--model_name", "tiny-gpt2", "--env", "taxi", "--taxi_curriculum",
-               "--curriculum_index", "0", "--first_step", "--max_steps", "2", "--save_steps", "2",
-               "--per_device_eval_batch_size", "3", "--ckpt_path", str(tmp_path / "results")]
-    env = dict(os.environ)  # with PYTHONFAULTHANDLER (tests/conftest.py): a rank killed by a signal shows its stack
-    if torch.cuda.device_count() < 2:  # one process per GPU: with fewer, both run on the CPU (gloo), as in CI
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    env = two_process_exit.environment()  # with PYTHONFAULTHANDLER: a rank killed by a signal shows its stack
+    if torch.cuda.device_count() >= 2:  # one process per GPU where there are two; else both on the CPU, as in CI
+        env.pop("CUDA_VISIBLE_DEVICES")
+    result = subprocess.run(two_process_exit.command(REPO, tmp_path / "results"), cwd=REPO, capture_output=True,
+                            text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-6000:]
     (run,) = _runs(tmp_path)  # only rank 0 writes
     state = torch.load(run / "checkpoint-2" / checkpoints.TRAINER_STATE_FILE, weights_only=True)

@@ -17,6 +17,15 @@ def test_build_is_deterministic(tmp_path, tiny_path):
         assert filecmp.cmp(tiny_path / name, tmp_path / "again" / name, shallow=False), name
 
 
+def test_a_build_replaces_a_folder_cut_short(tmp_path, tiny_path):
+    broken = tmp_path / "cut"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{}")  # a copy cut short: no config.json, no weights
+    tiny_gpt2.build(broken)
+    assert sorted(p.name for p in broken.iterdir()) == sorted(p.name for p in tiny_path.iterdir())
+    assert filecmp.cmp(broken / "tokenizer.json", tiny_path / "tokenizer.json", shallow=False)
+
+
 def test_cached_build_is_reused(tiny_path):
     assert tiny_gpt2.tiny_gpt2_path() == tiny_path
 

@@ -26,6 +26,7 @@ import yaml
 from torch import nn
 
 from prompts import ANALYZE_MARKER, check_label_file, completion_start, label_alphabet, write_label_file
+from utils import complete
 from utils.errors import UsageError
 from utils.io import write_text_atomic
 from utils.lm_head import full_head
@@ -51,7 +52,6 @@ def _locked(path: Path):
 
 
 _RUN_DIR = re.compile(r"(\d+)_(.+)")  # <id>_<script>
-_CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
 
 
 def run_dirs(root: str | Path, script: str | None = None) -> list[Path]:
@@ -110,28 +110,33 @@ def save_checkpoint(
     the one caller; SFT's checkpoints are the HF Trainer's, see :func:`write_role`), optimiser, RNG states,
     step and ``state`` (plus any text ``files`` by name, e.g. episode logs).
 
-    Written into a scratch folder and renamed into place, so a crash never leaves a
-    half-written checkpoint behind.
+    Written into a scratch folder, marked whole (:func:`utils.complete.mark`) and renamed into place, so a
+    crash or a full disk never leaves a half-written checkpoint behind (a failed save removes its scratch).
     """
     directory = Path(directory)
     scratch = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    with full_head(model):
-        model.save_pretrained(scratch)
-    tokenizer.save_pretrained(scratch)
-    write_label_file(scratch, label_alphabet(tokenizer), args.model_name)
-    save_settings(scratch, args)
-    write_role(scratch, role or RL_POLICY)
-    payload = {
-        "step": step,
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "rng": rng_state(),
-        "state": state or {},
-    }
-    torch.save(payload, scratch / TRAINER_STATE_FILE)
-    for name, text in (files or {}).items():
-        (scratch / name).write_text(text, encoding="utf-8")
+    try:
+        scratch.mkdir(parents=True)
+        with full_head(model):
+            model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        write_label_file(scratch, label_alphabet(tokenizer), args.model_name)
+        save_settings(scratch, args)
+        write_role(scratch, role or RL_POLICY)
+        payload = {
+            "step": step,
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "rng": rng_state(),
+            "state": state or {},
+        }
+        torch.save(payload, scratch / TRAINER_STATE_FILE)
+        for name, text in (files or {}).items():
+            (scratch / name).write_text(text, encoding="utf-8")
+        complete.mark(scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old{os.getpid()}")
         os.rename(directory, old)
@@ -143,14 +148,17 @@ def save_checkpoint(
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int | None) -> list[Path]:
-    """Delete all but the newest ``keep`` ``checkpoint-N/`` folders of a run (``--save_total_limit``;
-    None keeps all); returns the deleted folders."""
+    """Delete all but the newest ``keep`` whole ``checkpoint-N/`` folders of a run (``--save_total_limit``; None
+    keeps all), and the torn ones older than the newest whole one; returns the deleted folders. The newest whole
+    checkpoint is always kept, so a save cut short by a kill or a full disk still leaves one to resume from."""
     if keep is None:
         return []
-    numbered = [(int(m.group(1)), p) for p in Path(run_dir).iterdir()
-                if p.is_dir() and (m := _CHECKPOINT_DIR.fullmatch(p.name))]
-    found = [p for _, p in sorted(numbered)]
-    doomed = found[:-keep] if keep else found
+    found = complete.numbered_checkpoints(run_dir)
+    whole = [path for path in found if complete.is_whole(path)]
+    if not whole:
+        return []
+    kept = whole[-max(keep, 1):]
+    doomed = [path for path in found[:found.index(whole[-1])] if path not in kept]
     for folder in doomed:
         shutil.rmtree(folder)
     return doomed
@@ -166,7 +174,12 @@ def load_checkpoint(
     path = Path(directory) / TRAINER_STATE_FILE
     if not path.is_file():
         raise ValueError(f"{directory!r} is not a training checkpoint (no {TRAINER_STATE_FILE})")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload["step"], payload["optimizer"], payload["rng"], payload["state"]  # noqa: B018 (its shape)
+    except Exception as error:  # a truncated or overwritten file: the stream reader's own words name no file
+        raise UsageError(f"checkpoint {directory}: its {TRAINER_STATE_FILE} is damaged and cannot be read "
+                         f"({type(error).__name__}: {' '.join(str(error).split())[:160]})") from None
     if optimizer is not None:
         if payload["optimizer"] is None:
             raise ValueError(f"{path} holds no optimiser state")
@@ -295,12 +308,17 @@ def _not_a_checkpoint(path: str | Path) -> str | None:
         return "is a file, not a checkpoint folder"
     if not any(path.iterdir()):
         return "is an empty folder"
+    inside = complete.numbered_checkpoints(path)
+    if inside:
+        newest = complete.newest_whole(path)
+        return ("is a run folder, not a checkpoint: give one of its checkpoints, e.g. the newest whole one, "
+                f"{newest}" if newest else f"is a run folder, not a checkpoint, and none of its {len(inside)} "
+                "checkpoints is whole")
+    torn = complete.problems(path)[0]
+    if torn:
+        return torn[0]
     if (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
         return None
-    inside = sorted((int(m.group(1)), p) for p in path.iterdir()
-                    if p.is_dir() and (m := _CHECKPOINT_DIR.fullmatch(p.name)))
-    if inside:
-        return f"is a run folder, not a checkpoint: give one of its checkpoints, e.g. the newest, {inside[-1][1]}"
     return "is not a checkpoint (it has no adapter_config.json or config.json)"
 
 
@@ -317,7 +335,7 @@ def checkpoint_problems(args, directory: str | Path, player: str) -> tuple[list[
     if shape is not None:
         return [shape], []
     path = Path(directory)
-    errors, warnings = [], []
+    errors, warnings = [], list(complete.problems(path)[1])
     try:
         role = read_role(path)
     except UsageError as error:
@@ -325,7 +343,7 @@ def checkpoint_problems(args, directory: str | Path, player: str) -> tuple[list[
         role = None
     if role is None:
         if not errors:
-            warnings.append(f"has no {ROLE_FILE} (it predates them) and its run does not tell what it is: whether "
+            warnings.append(f"has no {ROLE_FILE} and its run does not tell what it is: whether "
                             f"it is a {player} is not checked")
     elif not role.fits(player):
         errors.append(f"is {role} checkpoint, not a {player}")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from prompts import LABELS, check_label_file, label_alphabet, label_token_ids
-from utils import cpu
+from utils import complete, cpu
 from utils.errors import UsageError
 from utils.lm_head import contiguous_head_input, shrink_lm_head
 from utils.log_filters import BNB_CAST_LOGGER, say_once
@@ -156,6 +156,8 @@ def load_model_and_tokenizer(
     path = resolve_model_path(model_name)
     tokenizer = load_tokenizer(model_name)
     quantized = args.load_in_8bit or args.load_in_4bit
+    if adapter_dir is not None and (torn := complete.problems(adapter_dir)[0]):
+        raise UsageError(f"checkpoint {str(adapter_dir)!r} {torn[0]}")  # before peft could look for it on the hub
     whole_model = adapter_dir is not None and _is_whole_model(adapter_dir)
     if trainable and quantized and (whole_model or (adapter_dir is None and not args.use_peft)):
         # bitsandbytes' 8/4-bit weights take no gradient: the run would train nothing
@@ -178,7 +180,8 @@ def load_model_and_tokenizer(
         )
         kwargs["device_map"] = {"": device()}
         say_once(BNB_CAST_LOGGER)
-    model = AutoModelForCausalLM.from_pretrained(adapter_dir if whole_model else path, **kwargs)
+    with _damaged_weights(adapter_dir if whole_model else None):
+        model = AutoModelForCausalLM.from_pretrained(adapter_dir if whole_model else path, **kwargs)
     if not quantized:
         model.to(device())
     positions = _max_positions(model.config)
@@ -204,7 +207,7 @@ def load_model_and_tokenizer(
             if not (Path(adapter_dir) / "adapter_config.json").is_file():
                 raise ValueError(f"{adapter_dir!r} is neither an adapter directory (adapter_config.json) nor a "
                                  "saved model (config.json)")
-            with _quiet_peft():
+            with _quiet_peft(), _damaged_weights(adapter_dir):
                 model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
         _check_finite_weights(model, adapter_dir, whole_model)
     elif trainable and args.use_peft:
@@ -304,6 +307,23 @@ def _check_lora_targets(model, target_modules) -> None:
         linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise UsageError(f"--lora_target_modules: peft has no default LoRA targets for the architecture {kind!r}; "
                          f"name them, e.g. --lora_target_modules {' '.join(linear[:4])} (its linear layers: {linear})")
+
+
+@contextlib.contextmanager
+def _damaged_weights(checkpoint: str | None):
+    """Inside, weights of ``checkpoint`` that cannot be read (a file overwritten, or truncated before checkpoints
+    carried sizes: safetensors' and torch's readers name no file) stop the run in one line naming the file."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        if checkpoint is None or isinstance(error, UsageError):
+            raise
+        names = [name for names in complete.WEIGHTS.values() for name in names if (Path(checkpoint) / name).is_file()]
+        raise UsageError(f"checkpoint {checkpoint!r}: its {' or '.join(names) or 'weights'} cannot be read, it is "
+                         f"damaged ({type(error).__name__}: {' '.join(str(error).split())[:160]}); take another "
+                         "checkpoint") from None
 
 
 def _is_whole_model(directory: str) -> bool:

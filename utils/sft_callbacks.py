@@ -1,5 +1,5 @@
 """The SFT run's hooks into HF's Trainer (``supervised_pretrain.py``): skipping a step of non-finite gradient,
-and the run's files (metrics, settings, labels and role in each checkpoint). Apart from the entry point, which
+and the run's files (metrics; settings, labels and role in each checkpoint, which is then marked whole). Apart from the entry point, which
 imports them once its flags are parsed: transformers' Trainer takes 6 s to import."""
 
 import logging
@@ -8,7 +8,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from prompts import write_label_file
-from utils import checkpoints, metrics, models
+from utils import checkpoints, complete, metrics, models
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +68,16 @@ class RunFiles(TrainerCallback):
         self.metrics.log(state.global_step, record)
 
     def on_save(self, training_args, state, control, **kwargs):
+        """The Trainer has written its files: add ours, mark the checkpoint whole, and only then prune the older
+        ones (``--save_total_limit``; the Trainer's own pruning, which ran before these files and could leave
+        no whole checkpoint after a kill, is off)."""
         if state.is_world_process_zero:
             checkpoint = self.run_dir / f"checkpoint-{state.global_step}"
-            checkpoints.save_settings(checkpoint, self.args)
             write_label_file(checkpoint, self.labels, self.args.model_name)
             checkpoints.write_role(checkpoint, self.role)
+            checkpoints.save_settings(checkpoint, self.args)
+            complete.mark(checkpoint)
+            checkpoints.prune_checkpoints(self.run_dir, self.args.save_total_limit)
 
     def on_train_end(self, training_args, state, control, **kwargs):
         self.metrics.close()

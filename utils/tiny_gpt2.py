@@ -193,9 +193,14 @@ def build(target: Path) -> None:
         try:
             os.rename(scratch, target)
         except OSError:
-            if not (target / "config.json").is_file():
-                raise
-            logger.info("another process built %s first", target)
+            if (target / "config.json").is_file():
+                logger.info("another process built %s first", target)
+                return
+            # a folder of that name without the model (a copy cut short): set it aside, then put ours in place
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-broken-", dir=target.parent))
+            os.rename(target, aside / "old")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(scratch, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
