@@ -92,14 +92,9 @@ def _sorted(folder: str) -> list[os.DirEntry]:
 
 def sorted_entries(folder: str, skipped: Counter) -> list[os.DirEntry]:
     """The entries of ``folder`` by name; none if it cannot be listed (counted in ``skipped``: :func:`skip_reason`)."""
-    try:
-        return _sorted(folder)
-    except OSError as error:
-        reason = skip_reason(error)
-        if reason is None:
-            raise
-        skipped[reason] += 1
-        return []
+    listed: list[os.DirEntry] = []
+    _tally(lambda: listed.extend(_sorted(folder)), skipped)
+    return listed
 
 
 def _copy_tree(source: str, target: str) -> Counter:
@@ -110,7 +105,8 @@ def _copy_tree(source: str, target: str) -> Counter:
         entries, dst_dir = stack.pop()
         for entry in entries:
             dst = os.path.join(dst_dir, entry.name)
-            try:
+
+            def copy(entry=entry, dst=dst) -> str | None:
                 reason = entry_skip(entry)
                 if reason is None and entry.is_dir(follow_symlinks=False):
                     below = _sorted(entry.path)  # listed first: a folder that cannot be is not copied empty
@@ -118,13 +114,23 @@ def _copy_tree(source: str, target: str) -> Counter:
                     stack.append((below, dst))
                 elif reason is None and not _copy_file(entry.path, dst):
                     reason = "changed while copying"
-            except OSError as error:
-                reason = skip_reason(error)
-                if reason is None:
-                    raise
-            if reason is not None:
-                skipped[reason] += 1
+                return reason
+
+            _tally(copy, skipped)
     return skipped
+
+
+def _tally(visit, skipped: Counter) -> None:
+    """Count in ``skipped`` why ``visit()`` left its entry out: the reason it returns, or the one its OSError gives
+    (:func:`skip_reason`; any other OSError is raised)."""
+    try:
+        reason = visit()
+    except OSError as error:
+        reason = skip_reason(error)
+        if reason is None:
+            raise
+    if reason is not None:
+        skipped[reason] += 1
 
 
 def read_regular(path: str, limit: int = MAX_COPY_BYTES) -> bytes | None:
@@ -161,7 +167,8 @@ def shown_files(repo: str | os.PathLike, skipped: Counter, max_depth: int | None
         rel_dir, folder = stack.pop()
         for entry in sorted_entries(folder, skipped):
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            try:
+
+            def visit(entry=entry, rel=rel) -> str | None:
                 reason = entry_skip(entry)
                 if reason is None and entry.is_dir(follow_symlinks=False):
                     if max_depth is None or rel.count("/") < max_depth:
@@ -169,12 +176,9 @@ def shown_files(repo: str | os.PathLike, skipped: Counter, max_depth: int | None
                 elif reason is None and file_kind(entry.name):
                     os.close(os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
                     found.append(rel)
-            except OSError as error:
-                reason = skip_reason(error)
-                if reason is None:
-                    raise
-            if reason is not None:
-                skipped[reason] += 1
+                return reason
+
+            _tally(visit, skipped)
     return sorted(found)
 
 
