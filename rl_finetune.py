@@ -32,7 +32,7 @@ from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, LearnerSettings, UpdateResult
 from rollout import TwoPlayerRollout
 from rollout_records import Episode, EpisodeStart, RolloutStats
-from utils import checkpoints, complete, metrics, seeding
+from utils import checkpoints, complete, distributed, metrics, seeding
 from utils.io import AGAIN, on_full_disk
 
 logger = logging.getLogger(__name__)
@@ -40,9 +40,7 @@ SCRIPT = "rl_finetune"
 
 
 def main(args) -> int:
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = distributed.start()  # under accelerate launch: the process group, made after what would hold it
     check_inputs(args)  # a bad task file or data root stops the run here, before a model loads or a run folder is made
     seeding.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
     if args.resume_from:
@@ -90,10 +88,7 @@ def main(args) -> int:
         recorder.close(progress)
     for env in envs + (panel.envs if panel is not None else []):
         env.close()
-    # every rank waits for rank 0's last checkpoint, then the process group is torn down cleanly
-    # (a rank that simply exits while gloo still runs aborts with SIGABRT)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    distributed.end(accelerator)  # every rank tears the group down in order (a rank left with gloo running may abort)
     return 0
 
 

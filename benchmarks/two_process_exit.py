@@ -8,7 +8,9 @@ with ``PYTHONFAULTHANDLER=1`` and one thread per process, as the suite runs it. 
 ``--no_load``, pytest-xdist plays ``--load_tests`` over and over on every core, as the suite does around this
 test. ``--repo`` runs another checkout's code (a commit before a fix: ``git worktree add /tmp/base <commit>``)
 with this venv's Python, so the two rates are measured on one machine in one session. Printed: how many runs
-exited 0, how many failed and how (an abort: ``terminate called ...``, SIGABRT), and each failure's last lines.
+exited 0, how many failed and how (an abort: ``terminate called ...``, SIGABRT), each failure's last lines, and in
+how many runs a rank still ran gloo's threads when it exited (``benchmarks/exit_probe.py``), the state in which a
+rank may abort: rare as the abort is, that count says at once whether a checkout tears the group down.
 """
 
 import argparse
@@ -19,19 +21,33 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import exit_probe
+from utils.distributed import GLOO_THREADS
 from utils.paths import REPO_ROOT
 
 PROG = "python -m benchmarks.two_process_exit"
 LOAD_TESTS = ("tests/test_rollout.py", "tests/test_learners.py", "tests/test_rl_algorithms.py")
 
 
-def command(repo: Path, ckpt_path: Path) -> list[str]:
-    """The two-process RL run: two ranks on the CPU (gloo), each rolling out 3 Taxi episodes an iteration."""
+def command(repo: Path, ckpt_path: Path, probe: bool = True) -> list[str]:
+    """The two-process RL run: two ranks on the CPU (gloo), each rolling out 3 Taxi episodes an iteration; with
+    ``probe``, each rank says its threads at exit (``benchmarks/exit_probe.py``: :func:`gloo_at_exit`)."""
+    script = [str(Path(exit_probe.__file__)), str(repo / "rl_finetune.py")] if probe else [str(repo / "rl_finetune.py")]
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            str(repo / "rl_finetune.py"), "--model_name", "tiny-gpt2", "--env", "taxi", "--taxi_curriculum",
-            "--curriculum_index", "0", "--first_step", "--max_steps", "2", "--save_steps", "2",
-            "--per_device_eval_batch_size", "3", "--ckpt_path", str(ckpt_path)]
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *script,
+            "--model_name", "tiny-gpt2", "--env", "taxi", "--taxi_curriculum", "--curriculum_index", "0",
+            "--first_step", "--max_steps", "2", "--save_steps", "2", "--per_device_eval_batch_size", "3",
+            "--ckpt_path", str(ckpt_path)]
+
+
+def gloo_at_exit(output: str) -> dict[str, int]:
+    """Per rank, how many gloo threads still ran when its interpreter exited (the probe's lines in ``output``)."""
+    found = {}
+    for line in output.splitlines():
+        if line.startswith(exit_probe.MARK):
+            rank, names = line.removeprefix(f"{exit_probe.MARK} rank ").split(" threads at exit: ")
+            found[rank] = sum(name in GLOO_THREADS for name in names.split(","))
+    return found
 
 
 def environment() -> dict[str, str]:
@@ -66,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                    env=env, check=True, capture_output=True)
     load = None
     failures: list[tuple[int, str, str]] = []
+    held_runs = 0  # runs where a rank still ran gloo's threads at exit
     tic = time.time()
     with tempfile.TemporaryDirectory(prefix="two_process_exit-") as scratch:
         try:
@@ -76,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 result = subprocess.run(command(repo, Path(scratch) / f"run{run}"), cwd=repo, env=env,
                                         capture_output=True, text=True, timeout=600)
+                output = result.stdout + result.stderr
+                held = gloo_at_exit(output)
+                held_runs += any(held.values())
                 if result.returncode != 0:
-                    output = result.stdout + result.stderr
                     failures.append((run, kind(result.returncode, output), output[-1500:]))
-                print(f"run {run}/{args.runs}: exit {result.returncode} ({len(failures)} failed so far)", flush=True)
+                print(f"run {run}/{args.runs}: exit {result.returncode}, gloo threads at exit {held} "
+                      f"({len(failures)} failed so far)", flush=True)
         finally:
             if load is not None and load.poll() is None:
                 load.terminate()
@@ -89,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     aborts = sum(how == "abort" for _, how, _ in failures)
     print(f"\n{repo}: {args.runs - len(failures)} of {args.runs} two-process runs exited 0; {aborts} aborted, "
           f"{len(failures) - aborts} failed otherwise ({'no load' if args.no_load else 'pytest-xdist beside them'}; "
-          f"{time.time() - tic:.0f} s)")
+          f"{time.time() - tic:.0f} s); a rank still ran gloo's threads at exit in {held_runs} of them")
     return 0
 
 
