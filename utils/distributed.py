@@ -6,8 +6,8 @@ Some torch modules take the world group as a default argument when they are impo
 rest of the process: ``destroy_process_group`` then frees nothing, gloo's threads (``gloo_tcp_loop``,
 ``pt_gloo_runloop``) run on into the interpreter's exit, and a rank now and then aborts there (``terminate called
 without an active exception``, SIGABRT, after its work is done: 1 of 182 runs beside busy processes on two cores,
-and four suite runs turned red; ``benchmarks/two_process_exit.py``). So :func:`start` imports them before it makes the group, and
-:func:`end` tears it down on every rank and says so if a gloo thread outlives it.
+and four suite runs turned red; ``benchmarks/two_process_exit.py``). So :func:`start` imports them before it makes
+the group, and :func:`end` tears it down on every rank and says so if a gloo thread outlives it.
 """
 
 import importlib
