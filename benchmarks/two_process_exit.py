@@ -15,6 +15,7 @@ rank may abort: rare as the abort is, that count says at once whether a checkout
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,12 +43,8 @@ def command(repo: Path, ckpt_path: Path, probe: bool = True) -> list[str]:
 
 def gloo_at_exit(output: str) -> dict[str, int]:
     """Per rank, how many gloo threads still ran when its interpreter exited (the probe's lines in ``output``)."""
-    found = {}
-    for line in output.splitlines():
-        if line.startswith(exit_probe.MARK):
-            rank, names = line.removeprefix(f"{exit_probe.MARK} rank ").split(" threads at exit: ")
-            found[rank] = sum(name in GLOO_THREADS for name in names.split(","))
-    return found
+    said = re.findall(rf"{re.escape(exit_probe.MARK)} rank (\d+) threads at exit: ([^\n\[]*)", output)
+    return {rank: sum(name in GLOO_THREADS for name in names.split(",")) for rank, names in said}  # lines may mix
 
 
 def environment() -> dict[str, str]:

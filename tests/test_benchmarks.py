@@ -179,3 +179,13 @@ def test_a_reference_path_run_reads_its_workloads_seconds(reference):
     command = ["benchmarks.rl_iteration", "--rows", "2", "--max_steps=2", "--per_device_eval_batch_size=2",
                "--reflect_max_new_tokens=4"]
     assert reference_path.timed(command, "s_per_iteration", 1, reference, threads=1) > 0
+
+
+def test_two_process_exit_reads_each_ranks_threads_even_when_their_lines_mix():
+    from benchmarks.two_process_exit import gloo_at_exit, kind
+
+    mixed = ("[exit_probe] rank 1 threads at exit: python,gloo_tcp_loop,pt_gloo_runloop[exit_probe] rank 0 threads "
+             "at exit: python,python\nterminate called without an active exception\n")
+    assert gloo_at_exit(mixed) == {"1": 2, "0": 0}
+    assert gloo_at_exit("[exit_probe] rank 0 threads at exit: python\n") == {"0": 0}
+    assert kind(1, mixed) == "abort" and kind(1, "Traceback ...") == "exit 1"
