@@ -16,7 +16,7 @@ from prompts import policy_sft_text
 from tests.auto_explore_repos import build_repo, make_task
 from tests.conftest import HANDMADE_GAME, REPO
 from tests.test_sft import HEAD, OBS, _write
-from utils import checkpoints, parity
+from utils import checkpoints, complete, parity
 
 PAPER = parity.PRESETS["paper"]
 FIXTURE = HANDMADE_GAME
@@ -139,6 +139,7 @@ def test_save_total_limit_keeps_the_newest_checkpoints(make_args, tmp_path):
 def test_prune_checkpoints_orders_by_number(tmp_path):
     for step in (2, 10, 9, 100):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        complete.mark(tmp_path / f"checkpoint-{step}")  # whole (utils/complete.py): prune counts only those
     (tmp_path / "checkpoint-notes").mkdir()
     removed = checkpoints.prune_checkpoints(tmp_path, 2)
     assert sorted(p.name for p in removed) == ["checkpoint-2", "checkpoint-9"]
