@@ -132,9 +132,11 @@ def test_a_scratch_folder_left_by_a_kill_is_cleaned_at_the_next_start(run_copy, 
     (scratch / complete.MARKER).unlink()  # killed while writing it
     aside = run_copy / f".checkpoint-9.old{dead}"
     shutil.copytree(run_copy / "checkpoint-2", aside)  # killed between moving checkpoint-9 aside and the new one in
+    theirs = run_copy / f".notes.tmp{dead}"  # a folder of the same shape that is not RL's: left alone
+    theirs.mkdir()
     with caplog.at_level(logging.WARNING):
         parse_args([f"--resume_from={run_copy / 'checkpoint-2'}"], prog=RL_PROG)
-    assert not scratch.exists() and complete.is_whole(run_copy / "checkpoint-9")
+    assert not scratch.exists() and complete.is_whole(run_copy / "checkpoint-9") and theirs.is_dir()
     said = [r.getMessage() for r in caplog.records if "killed run" in r.getMessage()]
     assert said == [f"removed {scratch}, a scratch folder left by a killed run",
                     f"{aside} was a checkpoint a killed run had moved aside: back at {run_copy / 'checkpoint-9'}"]

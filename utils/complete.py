@@ -34,7 +34,7 @@ RUN_FILES = (SETTINGS_FILE, TRAINER_STATE_FILE, "trainer_state.json")
 # The weights a loader reads: a peft adapter's, or a whole model's (--no_use_peft)
 WEIGHTS = {"adapter_config.json": ("adapter_model.safetensors", "adapter_model.bin"),
            "config.json": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")}
-_SCRATCH = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)(?P<pid>\d+)")
+_SCRATCH = re.compile(r"\.(?P<name>checkpoint-\d+)\.(?P<kind>tmp|old)(?P<pid>\d+)")  # RL's, nothing else
 
 
 def mark(directory: str | Path) -> Path:

@@ -5,7 +5,7 @@ Some torch modules take the world group as a default argument when they are impo
 ``torch.distributed.nn``; ``torch.distributed.optim``). Imported after the group exists, they hold it for the
 rest of the process: ``destroy_process_group`` then frees nothing, gloo's threads (``gloo_tcp_loop``,
 ``pt_gloo_runloop``) run on into the interpreter's exit, and a rank now and then aborts there (``terminate called
-without an active exception``, SIGABRT, after its work is done: 1 of 182 runs beside busy processes on two cores,
+without an active exception``, SIGABRT, after its work is done: 1 of 248 runs beside other work on two cores,
 and four suite runs turned red; ``benchmarks/two_process_exit.py``). So :func:`start` imports them before it makes
 the group, and :func:`end` tears it down on every rank and says so if a gloo thread outlives it.
 """
