@@ -25,9 +25,13 @@ stage starts once the stages it reads have finished (``Stage.needs``), so an RL 
 it does not read (``Recipe.overlap``). ``--check_reflectors`` trains nothing: it judges SFT reflectors on
 validation episodes, to choose a reflector's SFT without a held-out episode.
 A seed that finished with the same settings is read back from its ``finished.json`` instead of run again,
-so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds. A seed that stopped part-way (killed, or a stage
-failed) resumes with the same settings: its data and every stage that finished (``logs/<stage>.done.json``)
-are kept, and the rest runs again.
+so ``--seeds 0 1 2`` after ``--seed 0`` runs two seeds. Otherwise (other settings, or a seed that stopped
+part-way) each step decides for itself, by its key (runner/stages.py): its command, its other inputs, the
+numerical path and a token of each step whose output it reads. A step that finished with its key
+(``logs/<stage>.done.json``) is kept, so a changed RL flag runs that RL run and the evaluation of its row again,
+a changed SFT budget that SFT and what reads it, changed data settings everything. A step that runs afresh
+empties its folder first; one that was cut short continues with the same key, an SFT or RL stage from its newest
+whole checkpoint (``--resume_from``; ``Recipe.save_every`` makes checkpoints to resume from).
 
 The tiny-gpt2 columns compute on the reference numerical path (utils/cpu.py), set before torch starts, so that one
 seed gives one table on any x86 CPU with AVX2 (``--native_numerics``: the CPU's own path; a pretrained model always
@@ -41,7 +45,6 @@ weights learn too slowly for a CPU budget; on a real model the same commands use
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -80,7 +83,7 @@ from recipes.base import Recipe  # noqa: E402
 from recipes.paper_table import markdown as beside_the_paper  # noqa: E402
 from runner.report import seeds_report  # noqa: E402
 from runner.seed import evaluation_argv, run_seed, sft_checkpoint_of  # noqa: E402
-from runner.stages import WORKERS, say  # noqa: E402
+from runner.stages import WORKERS, numerics_setting, say  # noqa: E402
 from utils import models  # noqa: E402
 from utils.arg_groups import SEEDS, output_folders  # noqa: E402
 from utils.errors import UsageError  # noqa: E402
@@ -93,7 +96,6 @@ SEED = 0
 PROFILES = ("full", "smoke", "gpu", "gpu-smoke")
 ALL = "all"  # --task all: every recipe, and the paper's table over them
 FINISHED = "finished.json"  # in a seed's folder: its results and the settings they were made with
-STARTED = "started.json"  # in a seed's folder while it runs: the settings it was started with
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,12 +230,6 @@ def numerics(asked: bool) -> int | None:
     return None
 
 
-def numerics_setting(cores: int | None) -> dict | str:
-    """How a seed's numbers were computed, kept with its settings: a seed finished on one path is not read back
-    for a run on the other."""
-    return {"reference": cpu.PINNED, "cores": cores} if cores else "native"
-
-
 def column_dir(top: Path, recipe: Recipe) -> Path:
     """Where a column's seeds and tables go: ``top`` itself for the default one (``make demo``), else a folder."""
     return top if recipe.name == DEFAULT else top / recipe.name
@@ -241,28 +237,20 @@ def column_dir(top: Path, recipe: Recipe) -> Path:
 
 def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores: int | None = None) -> dict:
     """A seed's results: read back from ``folder/finished.json`` if an earlier run of the same
-    settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run."""
-    done, started = folder / FINISHED, folder / STARTED
+    settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run, in the
+    same folder: each step keeps what finished with its key (:func:`runner.seed.run_seed`)."""
+    done = folder / FINISHED
     settings = json.loads(json.dumps({**recipe.settings(), "numerics": numerics_setting(cores)}))
     if done.is_file():
         saved = json.loads(done.read_text(encoding="utf-8"))
         if saved.get("settings") == settings:
             say(f"seed {seed}: finished earlier with the same settings, results read from {done}")
             return saved["run"]
-        say(f"seed {seed}: {done} was made with other settings; running the seed again")
-    elif started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("settings") == settings:
-        say(f"seed {seed}: an unfinished run with the same settings is resumed: its finished stages are kept")
-        return _run_and_keep(recipe, seed, folder, workers, settings, cores)
-    if folder.exists():
-        shutil.rmtree(folder)  # an outdated seed, or one of other settings, starts clean: no stale runs mix in
-    folder.mkdir(parents=True)
-    write_json(started, {"settings": settings})
-    return _run_and_keep(recipe, seed, folder, workers, settings, cores)
-
-
-def _run_and_keep(recipe: Recipe, seed: int, folder: Path, workers: int, settings: dict, cores: int | None) -> dict:
+        say(f"seed {seed}: {done} was made with other settings; the steps they change run again")
+        done.unlink()  # the folder's steps no longer all stand behind those results
+    folder.mkdir(parents=True, exist_ok=True)
     run = run_seed(recipe, seed, folder, workers, cores)
-    write_json(folder / FINISHED, {"settings": settings, "run": run})
+    write_json(done, {"settings": settings, "run": run})
     return run
 
 

@@ -134,8 +134,15 @@ class Recipe:
     # ``demo.py --profile smoke``: the recipe's own numbers (``extra``) changed for the smoke budget (a smaller data
     # set, say); the runner's budget is shrunk alike for every recipe (:meth:`smoke`).
     smoke_extra: dict[str, Any] = field(default_factory=dict)
+    # SFT and RL save a checkpoint every this many steps (iterations) as well as at their last, so that a stage cut
+    # short resumes from its newest whole one (runner/stages.py); None: at their last only. The last one, which the
+    # runner reads, is saved whether or not it is a multiple (the HF Trainer saves at its end, rl_finetune at
+    # --max_steps) and is the newest, which --save_total_limit among the flags always keeps (prune_checkpoints).
+    save_every: int | None = None
 
     def __post_init__(self) -> None:
+        if self.save_every is not None and self.save_every < 1:
+            raise ValueError(f"recipe {self.name}: save_every must be at least 1, got {self.save_every}")
         if self.overlap and len(self.sft_streams) != len(self.rl_streams):
             raise ValueError(f"recipe {self.name}: overlap pairs SFT and RL streams, but there are "
                              f"{len(self.sft_streams)} and {len(self.rl_streams)}")
@@ -205,7 +212,9 @@ class Recipe:
         """Every setting of a seed's pipeline: a finished seed is reused only under the same."""
         return {"task": list(self.task), "model": list(self.model), "sft_flags": list(self.sft_flags),
                 "sft": {k: vars(v) for k, v in self.sft.items()}, "rl": {k: vars(v) for k, v in self.rl.items()},
-                "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra}
+                "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra,
+                # only where set: seeds finished before the field existed saved at the last step alike
+                **({"save_every": self.save_every} if self.save_every is not None else {})}
 
 
 # The paper's row names, which also name the RL variants behind its rows (and the paper's numbers).

@@ -1,5 +1,7 @@
 """One training seed of a recipe (``demo.py``): data, SFT and RLFT side by side, every row evaluated on the held-out
-episodes, the reflector's accuracy, then the seed's report (:func:`run_seed`)."""
+episodes, the reflector's accuracy, then the seed's report (:func:`run_seed`). Each step is keyed by what it
+computes from (:mod:`runner.stages`): the data step's token keys every stage (they read its folder), an SFT's the
+RL runs and evaluations that read its checkpoint, an RL run's the evaluations of its rows."""
 
 import json
 import re
@@ -14,40 +16,55 @@ from recipes.base import Evaluation, Recipe
 from rl_algorithms.defaults import replays
 from runner import stages
 from runner.report import accuracy_table, episodes_note, level_prefix, paper_table
-from runner.stages import WORKERS, LatestRun, Stage, latest_run, once, run_side_by_side, say
+from runner.stages import (
+    WORKERS,
+    LatestRun,
+    Stage,
+    done_marker,
+    latest_run,
+    numerics_setting,
+    once,
+    remembered,
+    run_side_by_side,
+    say,
+    stage_key,
+    tokens,
+)
 from utils import metrics
 from visualization import plot
 
+DATA = "data"  # the data step's name among the stages (its marker: logs/data.done.json); every stage reads its folder
+ACCURACY = "reflector-accuracy.json"  # in a seed's logs: the reflector's accuracy, with the key it was measured under
+
 
 def sft_checkpoint_of(recipe: Recipe, runs: Path, role: str, prefix: str = "") -> LatestRun:
-    """The final checkpoint of SFT ``role`` in a seed's ``runs`` folder, found when it is read."""
+    """The final checkpoint of SFT ``role`` in a seed's ``runs`` folder, found when it is read: in its latest run,
+    the one that continued it where the SFT was cut short and resumed."""
     return LatestRun(prefix, runs / f"sft-{role}", "supervised_pretrain", f"checkpoint-{recipe.sft[role].steps}")
 
 
 def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, cores: int | None = None) -> dict:
     """The whole pipeline of ``recipe`` with training seed ``seed``; its report in ``folder/results.md``. ``cores``:
-    the threads the stages share (the reference path's fixed count; None: this machine's cores)."""
+    the threads the stages share (the reference path's fixed count; None: this machine's cores), and so the
+    numerical path every step is keyed by. A step that finished with its key is kept, whatever else changed."""
     data, runs, logs = folder / "data", folder / "runs", folder / "logs"
     budget, model = recipe.budget, list(recipe.model)
+    numerics = numerics_setting(cores)
     timings: dict[str, float] = {}
     started = time.time()
 
-    def timed(name: str, work, done: tuple[str, list[str]] | None = None) -> None:
-        """Run ``work`` and record its seconds; with ``done`` (a marker name, the command), through :func:`once`:
-        a resumed seed keeps work that finished, with its earlier seconds."""
+    def timed(name: str, work) -> None:
+        """Run ``work`` (its seconds, or a kept step's earlier ones, returned) and record its seconds."""
         say(f"seed {seed}: {name} ...")
-        if done is not None:
-            timings[name] = once(logs, *done, work)
-        else:
-            tic = time.time()
-            work()
-            timings[name] = time.time() - tic
+        timings[name] = work()
         say(f"seed {seed}: {name}: done in {timings[name]:.0f} s")
 
-    # --- 1. data
+    # --- 1. data: its folder emptied when its key changed (its steps keep journals, of one key only)
     steps = recipe.data(recipe, seed, data)
-    timed("data generation (oracle writer)", lambda: [stages.call(main, argv) for main, argv in steps],
-          done=("data", [f"{main.__module__} {' '.join(argv)}" for main, argv in steps]))
+    data_key = stage_key([f"{main.__module__} {' '.join(argv)}" for main, argv in steps], numerics)
+    timed("data generation (oracle writer)", lambda: once(
+        logs, DATA, data_key, lambda _: [stages.call(main, argv) for main, argv in steps], folder=data))
+    markers = {DATA: done_marker(logs, DATA)}  # every finished step's done marker, by name, as the stages read them
 
     # --- 2. SFT, the reflector beside the policies; 3. RLFT, each variant playing the validation panel
     sft_names = {role: f"SFT of the {role} ({spec.file})" for role, spec in recipe.sft.items()}
@@ -59,9 +76,9 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         spec = recipe.sft[role]
         return Stage(sft_names[role], "supervised_pretrain", [
             *model, f"--ckpt_path={runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
-            f"--max_steps={spec.steps}", f"--save_steps={spec.steps}", *recipe.sft_flags,
+            f"--max_steps={spec.steps}", f"--save_steps={recipe.save_every or spec.steps}", *recipe.sft_flags,
             f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}", *spec.flags],
-            logs / f"sft-{role}.log")
+            logs / f"sft-{role}.log", needs=(DATA,), output=runs / f"sft-{role}")
 
     rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
                  f"--per_device_eval_batch_size={budget['rl_batch']}",
@@ -70,6 +87,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
                  f"--entropy_coef={budget['rl_entropy_coef']}", f"--eval_steps={budget['panel_every']}",
                  f"--eval_panel={budget['panel_episodes']}"]
     rl_runs = {name: runs / f"rl-{slug(name)}" for name in recipe.rl}
+    rl_names = {name: f"RLFT: {name}" for name in recipe.rl}
 
     def rl_stage(name: str) -> Stage:
         variant = recipe.rl[name]
@@ -79,25 +97,27 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         starts += [*variant.flags, *(["--curriculum_steps", *map(str, variant.level_steps)] if variant.level_steps else [])]
         if variant.reflector:
             starts += [sft_checkpoint(variant.reflector, "--reflect_load_dir="), f"--top_k={budget['reflect_top_k']}"]
-        return Stage(f"RLFT: {name}", "rl_finetune", [*rl_common, *starts, f"--ckpt_path={rl_runs[name]}",
-                                                        f"--max_steps={variant.iterations}",
-                                                        f"--save_steps={variant.iterations}"],
-                     logs / f"rl-{slug(name)}.log",
-                     needs=tuple(sft_names[role] for role in (variant.policy, variant.reflector) if role))
+        return Stage(rl_names[name], "rl_finetune", [*rl_common, *starts, f"--ckpt_path={rl_runs[name]}",
+                                                     f"--max_steps={variant.iterations}",
+                                                     f"--save_steps={recipe.save_every or variant.iterations}"],
+                     logs / f"rl-{slug(name)}.log", output=rl_runs[name],
+                     needs=(DATA, *(sft_names[role] for role in (variant.policy, variant.reflector) if role)))
 
     sft_streams = [[sft_stage(role) for role in stream] for stream in recipe.sft_streams]
     rl_streams = [[rl_stage(name) for name in stream] for stream in recipe.rl_streams]
     tic = time.time()
     if recipe.overlap:  # RL stream i goes on where SFT stream i ends; a run starts once its SFT models are trained
         timings.update(run_side_by_side([sft + rl for sft, rl in zip(sft_streams, rl_streams)], workers,
-                                        cores=cores))
+                                        finished=markers, cores=cores))
         timings["SFT and RLFT (wall)"] = time.time() - tic
     else:
-        timings.update(run_side_by_side(sft_streams, workers, cores=cores))
+        timings.update(run_side_by_side(sft_streams, workers, finished=markers, cores=cores))
         timings["SFT (wall)"] = time.time() - tic
         tic = time.time()
-        timings.update(run_side_by_side(rl_streams, workers, finished=tuple(sft_names.values()), cores=cores))
+        timings.update(run_side_by_side(rl_streams, workers, cores=cores, finished={
+            **markers, **{stage.name: stage.marker for stream in sft_streams for stage in stream}}))
         timings["RLFT (wall)"] = time.time() - tic
+    markers.update({stage.name: stage.marker for stream in sft_streams + rl_streams for stage in stream})
     sft_dirs = {role: Path(str(sft_checkpoint(role))) for role in recipe.sft}
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
     logged = {name: metrics.read_metrics(path) for name, path in rl.items()}
@@ -112,9 +132,17 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         kind, _, source = row.policy.partition(":")
         return sft_dirs[source] if kind == "sft" else rl[source] / f"checkpoint-{recipe.rl[source].iterations}"
 
+    def read_by(row) -> dict[str, Path]:
+        """The done markers of the steps whose output a row reads: the data, its policy's and its reflector's."""
+        kind, _, source = row.policy.partition(":")
+        names = [DATA, sft_names[source] if kind == "sft" else rl_names[source],
+                 *([sft_names[row.reflector]] if row.reflector else [])]
+        return {name: markers[name] for name in names}
+
     reflecting_rows = {row.name for row in recipe.rows if row.reflector}
     configs = [{"name": row.name, "load_dir": str(policy_dir(row)),
                 **({"reflect_load_dir": str(sft_dirs[row.reflector])} if row.reflector else {})} for row in recipe.rows]
+    reads = {row.name: read_by(row) for row in recipe.rows}
     results = [dict(config, levels={}) for config in configs]
     accuracy: dict[str, list] = {}
     for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
@@ -123,22 +151,33 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         prefix = level_prefix(recipe, name)
         label = "evaluation" if index == 0 else f"evaluation ({name})"
 
-        def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label, rows=evaluation.rows) -> None:
+        def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label, rows=evaluation.rows) -> float:
+            tic = time.time()
             playing = [i for i, row in enumerate(recipe.rows) if rows is None or row.name in rows]
             clocks: dict[str, dict] = {}
             found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers, cores,
-                                          clocks)
+                                          clocks, reads)
             reflecting.update({f"{label}: {name}": clock["reflector"] for name, clock in clocks.items()
                                if name in reflecting_rows})
             for i, result in zip(playing, found):
                 results[i]["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
+            return time.time() - tic
 
         timed(label, evaluate_all)
         if index == 0 and recipe.accuracy is not None:
-            reading = next(config for config, row in zip(configs, recipe.rows) if row.sft_role
-                           and row.reflector)
-            timed("reflector accuracy", lambda eval_args=eval_args, reading=reading: accuracy.update(
-                recipe.accuracy(recipe, eval_args, reading)))
+            row, reading = next((row, config) for config, row in zip(configs, recipe.rows) if row.sft_role
+                                and row.reflector)
+            # in this process: keyed as a stage is, by its command, the row it reads, and its players' tokens
+            key = stage_key([*eval_argv, f"--ckpt_path={runs}"], numerics, (json.dumps(
+                {"row": reading, "accuracy_episodes": budget["accuracy_episodes"]}, sort_keys=True),),
+                tokens(read_by(row)))
+
+            def measured(eval_args=eval_args, reading=reading, key=key) -> float:
+                found, seconds = remembered(logs / ACCURACY, key, lambda: recipe.accuracy(recipe, eval_args, reading))
+                accuracy.update(found)
+                return seconds
+
+            timed("reflector accuracy", measured)
 
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",
@@ -175,11 +214,14 @@ def evaluation_argv(recipe: Recipe, evaluation: Evaluation, data: Path) -> list[
 
 
 def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,
-                          workers: int, cores: int | None = None, clocks: dict | None = None) -> list[dict]:
+                          workers: int, cores: int | None = None, clocks: dict | None = None,
+                          reads: dict[str, dict[str, Path]] | None = None) -> list[dict]:
     """Evaluate the rows ``configs`` on the held-out episodes of ``argv``, shared out over ``workers``
     processes; their results in the order of ``configs`` (``clocks``, if given, gets each row's seconds by name:
     evaluate.SECONDS). A row plays the same episodes with the same sampling randomness wherever it runs
-    (evaluation.evaluate seeds each configuration alike)."""
+    (evaluation.evaluate seeds each configuration alike). ``reads``: by row name, the done markers of the stages
+    whose output the row reads, so that a process's evaluation runs again when one of its rows' models does."""
+    reads = reads or {}
     share = max(1, min(workers, len(configs)))
     parts: list[list[dict]] = [[] for _ in range(share)]
     load = [0] * share
@@ -188,15 +230,18 @@ def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs
         parts[least].append(config)
         load[least] += _evaluation_weight(config)
     folders = [runs / f"{slug(label)}-{part + 1}" for part in range(share)]
-    streams = []
+    streams, finished = [], {}
     for part, (rows, where) in enumerate(zip(parts, folders), 1):
-        where.mkdir(parents=True, exist_ok=True)
-        listing = where / "rows.yaml"
+        listing = logs / f"{where.name}.rows.yaml"  # beside its log: the stage empties its folder when it runs afresh
+        listing.parent.mkdir(parents=True, exist_ok=True)
         listing.write_text(yaml.safe_dump(rows, sort_keys=False), encoding="utf-8")
+        read = {name: marker for row in rows for name, marker in reads.get(row["name"], {}).items()}
+        finished.update(read)
         streams.append([Stage(f"{label}, rows {part}/{share}", "evaluation.evaluate",
                               [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
-                              logs / f"{where.name}.log", inputs=(listing.read_text(encoding="utf-8"),))])
-    run_side_by_side(streams, workers, cores=cores)
+                              logs / f"{where.name}.log", inputs=(listing.read_text(encoding="utf-8"),),
+                              needs=tuple(read), output=where)])
+    run_side_by_side(streams, workers, finished=finished, cores=cores)
     found = {}
     for where in folders:
         run = latest_run(where, evaluate.SCRIPT)

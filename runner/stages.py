@@ -1,27 +1,38 @@
 """The experiment runner's stages (``demo.py``): one script run each (:class:`Stage`), run one after the other in a
 stream, the streams side by side in processes of their own (:func:`run_side_by_side`), each stage's output in its
-log, a finished stage remembered by its marker (:func:`once`) so that a resumed seed keeps it."""
+log.
+
+A stage is keyed by what it computes from (:func:`stage_key`): its command, its other inputs, the run's numerical
+path and a token of each stage whose output it reads, drawn afresh each time that stage finishes. A stage whose done
+marker holds its key is kept (:func:`once`), so a changed setting runs again only the stages it reaches; a stage cut
+short continues in its folder, from its newest whole checkpoint where its script resumes (``--resume_from``)."""
 
 import contextlib
 import importlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from experiment_args import parse_args
-from utils import checkpoints
+from experiment_args import RESUME_STATE, parse_args
+from utils import checkpoints, complete, cpu
 from utils.io import write_json
 
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
-DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its command and seconds)
+DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its key, a token of this finish, its seconds)
+STARTED = ".started.json"  # logs/<stage>.started.json: the key the stage's folder holds a run of, written before it
+NATIVE = "native"  # the numerics of a run on this CPU's own path (numerics_setting)
 
 
 def say(message: str) -> None:
@@ -33,6 +44,36 @@ def latest_run(runs: Path, script: str) -> Path:
     if not found:
         raise RuntimeError(f"no {script} run in {runs}")
     return found[-1]
+
+
+def numerics_setting(cores: int | None) -> dict | str:
+    """How a seed's numbers are computed (``cores``: the reference path's fixed thread count, None: this CPU's own
+    path), part of every stage's key and of a finished seed's settings: what was computed on one path is not
+    reused for a run on the other."""
+    return {"reference": cpu.PINNED, "cores": cores} if cores else NATIVE
+
+
+def done_marker(logs: Path, name: str) -> Path:
+    return logs / f"{name}{DONE}"
+
+
+def stage_key(command: list[str], numerics: dict | str, inputs: tuple[str, ...] = (),
+              reads: dict[str, str] | None = None) -> dict:
+    """What a stage computes from, as its markers hold it (plain JSON): its ``command`` (the module and the
+    arguments as they ran, ``--resume_from`` never among them), the ``inputs`` its command does not name, the
+    run's ``numerics`` (:func:`numerics_setting`) and the token of each stage it ``reads``, by name."""
+    return json.loads(json.dumps({"command": list(command), "inputs": list(inputs), "numerics": numerics,
+                                  "reads": dict(sorted((reads or {}).items()))}))
+
+
+def tokens(markers: dict[str, Path]) -> dict[str, str]:
+    """The token of each finished stage's latest finish, by name, read from its done marker (``markers``)."""
+    found = {}
+    for name, marker in markers.items():
+        if not marker.is_file():
+            raise RuntimeError(f"stage {name!r} is read before it finished: no {marker}")
+        found[name] = json.loads(marker.read_text(encoding="utf-8"))["token"]
+    return found
 
 
 def call(main, argv: list[str]) -> None:
@@ -61,7 +102,9 @@ class Stage:
     """One script run of the pipeline: ``module.main`` on ``argv`` (strings, or :class:`LatestRun` items read
     when it starts), its output in ``log``; ``inputs``: what else it reads that its command does not name (an
     evaluation's list of rows), so that a changed one runs it again; ``needs``: the stages (by name) whose
-    output it reads, which must have finished before it starts."""
+    output it reads, which must have finished before it starts, and whose tokens are part of its key;
+    ``output``: the folder it writes (its ``--ckpt_path``), its alone: emptied before it runs afresh, so that it
+    only ever holds the run of one key and :func:`latest_run` never finds a stale one."""
 
     name: str
     module: str
@@ -69,10 +112,18 @@ class Stage:
     log: Path
     inputs: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
+    output: Path | None = None
+
+    @property
+    def marker(self) -> Path:
+        """Its done marker, beside its log."""
+        return done_marker(self.log.parent, self.log.stem)
 
 
-def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
-    """Run ``stages`` one after the other in this (worker) process; their seconds by name.
+def _run_stages(stages: list[Stage], threads: int, numerics: dict | str = NATIVE,
+                markers: dict[str, Path] | None = None) -> dict[str, float]:
+    """Run ``stages`` one after the other in this (worker) process; their seconds by name. ``numerics``: the run's
+    numerical path; ``markers``: the done marker of every stage they need, by name (their tokens key them).
 
     Each stage's output (progress bars, warnings, library messages) goes to its log file, so
     that stages running side by side do not interleave on the terminal.
@@ -81,9 +132,47 @@ def _run_stages(stages: list[Stage], threads: int) -> dict[str, float]:
     seconds = {}
     for stage in stages:
         argv = [str(item) for item in stage.argv]
-        seconds[stage.name] = once(stage.log.parent, stage.log.stem, [stage.module, *argv, *stage.inputs],
-                                   lambda stage=stage, argv=argv: _run_logged(stage, argv))
+        reads = tokens({name: (markers or {})[name] for name in stage.needs})
+        key = stage_key([stage.module, *argv], numerics, stage.inputs, reads)
+        seconds[stage.name] = once(stage.log.parent, stage.log.stem, key,
+                                   lambda resume, stage=stage, argv=argv: _continue(stage, argv, resume),
+                                   folder=stage.output, resumable=stage.module in RESUME_STATE)
     return seconds
+
+
+def _continue(stage: Stage, argv: list[str], resume: Path | None) -> None:
+    """Run ``stage`` on ``argv``, from its checkpoint ``resume`` if one is given: with ``--resume_from`` (a new run
+    folder beside the one cut short), or not at all where that is its final checkpoint (``--max_steps``), in its
+    latest run (it finished, and was stopped before its marker was written)."""
+    if resume is not None and _step(resume.name) == _final_step(argv) and \
+            resume.parent == checkpoints.run_dirs(resume.parent.parent)[-1]:
+        say(f"{stage.name}: its final checkpoint {resume} is whole, nothing left to run")
+        return
+    if resume is not None:
+        say(f"{stage.name}: cut short before; resumes from {resume}, its newest whole checkpoint")
+    _run_logged(stage, [*argv, *([f"--resume_from={resume}"] if resume is not None else [])])
+
+
+def _step(checkpoint: str) -> int:
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
+def _final_step(argv: list[str]) -> int | None:
+    """The step a training command saves last, ``checkpoint-<--max_steps>`` (its last ``--max_steps=``)."""
+    steps = [word.split("=", 1)[1] for word in argv if word.startswith("--max_steps=")]
+    return int(steps[-1]) if steps else None
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The newest whole checkpoint of the runs in a stage's ``folder``: the highest step, the later run's of
+    two (a resumed run cut short before its first save leaves none of its own)."""
+    found = []
+    for index, run in enumerate(checkpoints.run_dirs(folder)):
+        complete.clean_scratch(run)  # a whole checkpoint a kill left under its scratch name is put in place
+        newest = complete.newest_whole(run)
+        if newest is not None:
+            found.append((_step(newest.name), index, newest))
+    return max(found)[2] if found else None
 
 
 def _run_logged(stage: Stage, argv: list[str]) -> None:
@@ -91,22 +180,53 @@ def _run_logged(stage: Stage, argv: list[str]) -> None:
         call(importlib.import_module(stage.module).main, argv)
 
 
-def once(logs: Path, name: str, what: list[str], work) -> float:
-    """Run ``work`` unless its marker ``logs/<name>.done.json`` says that the same ``what`` (a stage's
-    command) finished before; its seconds, then or now. The marker is written when ``work`` returns (with when it
-    started and in which process: what ran side by side), so a stage that was killed or failed runs again when its
-    seed resumes."""
-    marker = logs / f"{name}{DONE}"
+def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], folder: Path | None = None,
+         resumable: bool = False) -> float:
+    """Run ``work`` unless its marker ``logs/<name>.done.json`` says that it finished with the same ``key``
+    (:func:`stage_key`); its seconds, then or now. The marker is written when ``work`` returns, with a fresh
+    token (what the stages reading this one's output key on), when it started and in which process (what ran
+    side by side), so a stage that was killed or failed runs again when its seed resumes.
+
+    ``folder``: what ``work`` writes, its alone. Before ``work`` starts, ``logs/<name>.started.json`` takes its
+    key. A run of the key the started marker already holds continues what was cut short: ``work`` is given the
+    newest whole checkpoint in ``folder`` where ``resumable`` (a script whose ``--resume_from`` continues its
+    run) and there is one, else None (a journal the script keeps in ``folder`` goes on). Any other run starts
+    afresh, ``folder`` emptied first."""
+    marker, started = done_marker(logs, name), logs / f"{name}{STARTED}"
     if marker.is_file():
         done = json.loads(marker.read_text(encoding="utf-8"))
-        if done.get("what") == what:
+        if done.get("key") == key:
             say(f"{name}: finished by an earlier run ({done['seconds']:.0f} s), kept")
             return float(done["seconds"])
+    marker.unlink(missing_ok=True)  # a stage reading this one never reads the token of another key's finish
+    resume = None
+    if started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("key") == key:
+        resume = newest_checkpoint(folder) if resumable and folder is not None else None
+    else:
+        if folder is not None and folder.exists():
+            shutil.rmtree(folder)
+        write_json(started, {"key": key})
     tic = time.time()
-    work()
+    work(resume)
     seconds = time.time() - tic
-    write_json(marker, {"what": what, "seconds": seconds, "started": tic, "process": os.getpid()})
+    write_json(marker, {"key": key, "token": uuid.uuid4().hex, "seconds": seconds, "started": tic,
+                        "process": os.getpid(), **({"resumed_from": str(resume)} if resume is not None else {})})
     return seconds
+
+
+def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, float]:
+    """What ``make`` returns (plain JSON) and its seconds: read back from ``path`` where an earlier run made it
+    with the same ``key``, else made now and kept there with the key."""
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            say(f"{path.stem}: made by an earlier run ({saved['seconds']:.0f} s), read back from {path}")
+            return saved["made"], float(saved["seconds"])
+    tic = time.time()
+    made = make()
+    seconds = time.time() - tic
+    write_json(path, {"key": key, "made": made, "seconds": seconds})
+    return made, seconds
 
 
 @contextlib.contextmanager
@@ -155,22 +275,25 @@ def stage_threads(workers: int, streams: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // max(1, min(workers, streams)))
 
 
-def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[str, ...] = (),
+def run_side_by_side(streams: list[list[Stage]], workers: int, finished: dict[str, Path] | None = None,
                      cores: int | None = None) -> dict[str, float]:
     """Run each stream's stages in order, the streams side by side in ``workers`` processes; a stage starts once
-    the stages it ``needs`` have finished, in any stream (``finished``: stages run before this call).
+    the stages it ``needs`` have finished, in any stream (``finished``: the done markers, by name, of those that
+    ran before this call, whose tokens key the stages reading them).
 
     Each process has its share of the cores, fixed by the plan (:func:`stage_threads`; ``cores``: the reference
-    path's fixed count, not this machine's). When a stage fails, no other one starts, those running finish, and the
-    failure is raised."""
-    known = {stage.name for stream in streams for stage in stream} | set(finished)
+    path's fixed count, not this machine's; it is the run's numerical path, part of every stage's key). When a
+    stage fails, no other one starts, those running finish, and the failure is raised."""
+    finished = dict(finished or {})
+    markers = {**finished, **{stage.name: stage.marker for stream in streams for stage in stream}}
     for stage in (stage for stream in streams for stage in stream):
-        unknown = sorted(set(stage.needs) - known)
+        unknown = sorted(set(stage.needs) - set(markers))
         if unknown:
             raise ValueError(f"stage {stage.name!r} needs {unknown}, which no stream runs")
         say(f"{stage.name}: queued (log: {stage.log})")
     pending = [list(stream) for stream in streams]
     done, seconds = set(finished), {}
+    numerics = numerics_setting(cores)
 
     def ready(busy: set[int]) -> list[int]:
         """The streams whose next stage can start now."""
@@ -190,7 +313,7 @@ def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[s
             starts = ready(set())
             if not starts:
                 raise stuck()
-            finish(starts[0], _run_stages([pending[starts[0]][0]], threads))
+            finish(starts[0], _run_stages([pending[starts[0]][0]], threads, numerics, markers))
     else:
         threads = stage_threads(workers, len(streams), cores)
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
@@ -199,7 +322,7 @@ def run_side_by_side(streams: list[list[Stage]], workers: int, finished: tuple[s
             running: dict = {}  # future -> its stream
             while any(pending):
                 for i in ready(set(running.values())):
-                    running[pool.submit(_run_stages, [pending[i][0]], threads)] = i
+                    running[pool.submit(_run_stages, [pending[i][0]], threads, numerics, markers)] = i
                 if not running:
                     raise stuck()
                 for future in wait(running, return_when=FIRST_COMPLETED).done:

@@ -110,7 +110,7 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     assert {name: (folder / "logs" / name).read_text() for name in kept} == kept
     assert {path.name for path in (folder / "logs").glob("evaluation-*.done.json")} == {
         "evaluation-1.done.json", "evaluation-2.done.json"}
-    rows = [yaml.safe_load((folder / "runs" / f"evaluation-{part}" / "rows.yaml").read_text()) for part in (1, 2)]
+    rows = [yaml.safe_load((folder / "logs" / f"evaluation-{part}.rows.yaml").read_text()) for part in (1, 2)]
     assert sorted(row["name"] for part in rows for row in part) == sorted(ROWS) and all(rows)
     for part in (1, 2):  # each process evaluated its own rows, in a run of its own
         run = run_dirs(folder / "runs" / f"evaluation-{part}", evaluate.SCRIPT)[-1]
@@ -140,18 +140,18 @@ def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, 
     assert json.loads((tmp_path / "demo" / "results.json").read_text())["0"] == first
     assert "| SFT only | 25.0% | 25.0% | 25.0% | 25.0–25.0 |" in (tmp_path / "demo" / "results.md").read_text()
 
-    # another budget: the seed is run again, from a clean folder
+    # another budget: the seed is run again in its folder, kept (each step decides by its key what runs again)
     monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(TAXI, budget=dict(TAXI.budget, eval_episodes=2)))
-    (tmp_path / "demo" / "seed-0" / "stale.txt").write_text("left over")
+    (tmp_path / "demo" / "seed-0" / "made earlier.txt").write_text("a step's output")
     assert demo.main([f"--ckpt_path={tmp_path}", "--seeds", "0"]) == 0
-    assert ran[2:] == [(0, 2)] and not (tmp_path / "demo" / "seed-0" / "stale.txt").exists()
+    assert ran[2:] == [(0, 2)] and (tmp_path / "demo" / "seed-0" / "made earlier.txt").is_file()
     rows = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]["results"]
     assert all(r["levels"]["pickup"]["episodes"] == 2 for r in rows)
 
 
 def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeypatch):
-    """A seed that failed part-way is resumed with the same settings (its folder kept, the pipeline run again);
-    a seed of other settings starts clean."""
+    """A seed that failed part-way runs again in its folder, kept; so does a seed of other settings, whose
+    finished.json is dropped first: its steps no longer all stand behind those results."""
     calls = []
 
     def pipeline(recipe, seed, folder, workers, cores=None):
@@ -167,12 +167,11 @@ def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeyp
         demo.finished_or_run(TAXI, 0, folder, 1)
     assert not (folder / demo.FINISHED).exists()
     demo.finished_or_run(TAXI, 0, folder, 1)
-    assert calls == [[demo.STARTED], sorted([demo.STARTED, "kept.txt"])] and (folder / demo.FINISHED).is_file()
+    assert calls == [[], ["kept.txt"]] and (folder / demo.FINISHED).is_file()
 
-    (folder / demo.FINISHED).unlink()  # unfinished again, but now of other settings: it starts clean
     other = dataclasses.replace(TAXI, budget=dict(TAXI.budget, eval_episodes=2))
     demo.finished_or_run(other, 0, folder, 1)
-    assert calls[-1] == [demo.STARTED]
+    assert calls[-1] == ["kept.txt"]  # neither the other settings' results nor a clean folder
 
     # a seed finished on this CPU's own path is not read back for the reference path (utils/cpu.py), nor back again
     assert len(calls) == 3
@@ -260,8 +259,12 @@ def test_stages_waiting_on_each_other_or_on_no_stage_are_refused(tmp_path):
             stages.run_side_by_side([[one], [other]], workers)
     with pytest.raises(ValueError, match="'one' needs \\['other'\\], which no stream runs"):
         stages.run_side_by_side([[one]], 1)
-    stages.run_side_by_side([[one]], 1, finished=("other",))  # finished before: it runs
-    assert (tmp_path / "one").is_dir() and not (tmp_path / "other").exists()
+    with pytest.raises(RuntimeError, match="'other' is read before it finished"):
+        stages.run_side_by_side([[one]], 1, finished={"other": other.marker})  # named, but it never ran
+    alone = _probe(tmp_path, "other")
+    stages.run_side_by_side([[alone]], 1)
+    stages.run_side_by_side([[one]], 1, finished={"other": alone.marker})  # finished before: it runs
+    assert (tmp_path / "one").is_dir()
 
 
 def test_after_a_failed_stage_no_other_starts(tmp_path, monkeypatch):
@@ -298,7 +301,8 @@ def test_a_stage_reads_the_run_folder_another_stage_made_when_it_starts(tmp_path
     stages.run_side_by_side([[rl], [stages.Stage("sft", "demo", ["sft"], logs / "sft.log")]], 1)
     assert seen[-1] == ["rl", f"--load_dir={runs / '2_supervised_pretrain' / 'checkpoint-9'}"]
     done = json.loads((logs / "rl.done.json").read_text())  # the marker holds the command as it ran
-    assert done["what"] == ["demo", *seen[-1]]
+    assert done["key"]["command"] == ["demo", *seen[-1]]
+    assert done["key"]["reads"] == {"sft": json.loads((logs / "sft.done.json").read_text())["token"]}
 
 
 @pytest.mark.slow
