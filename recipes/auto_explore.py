@@ -15,6 +15,11 @@ to find the label of the command the analysis names among 20-70 shuffled labels.
 paper's claims are not met here; the recipe is kept so that the runner, the rows and the evaluation
 are in place for a model that can learn the task (a pretrained one, issue 25).
 
+On a pretrained model (``demo.py --task auto_explore --model_name <GGUF_FILE>``, :func:`on_pretrained`): SmolLM2-135M
+under the paper's LoRA, in bfloat16 where the CPU computes it natively, the same task and held-out episodes, sdpa
+attention and no dropout (an SFT step's time and memory, measured in docs/auto_explore.md), a checkpoint every 50
+steps so that a seed spans sessions. The GPU profile (:func:`on_gpu_profile`) runs that recipe at a GPU's batches.
+
 Cost on the 2-core machine: AutoExplore's observations hold file listings and contents, so its SFT
 texts are long (policy: about 500 tiny-gpt2 tokens, median, up to 1024); with file views of ~60 tokens
 (``VIEW``) and batches of 8 texts of similar length an SFT step takes about 0.8 s (reflections) and 2 s
@@ -48,6 +53,7 @@ from recipes.base import (
     SFTRole,
     paper_rows,
 )
+from recipes.pretrained import in_float32, lora_model
 
 TASK_SEED = 0  # the benchmark (repositories, tasks, their split) is the same for every training seed: one
 # evaluation set for all seeds; the training seed draws the trajectories (their wrong turns), SFT and RL
@@ -137,6 +143,7 @@ RECIPE = Recipe(
                                                "--eval_level_episodes=0")},
     budget=BUDGET, rl_flags=rl_flags, accuracy=reflector_accuracy(advised_command),
     gpu=lambda model_name: on_gpu_profile(model_name),
+    pretrained=lambda model_name: on_pretrained(model_name),
     figures=(CurveFigure("negatives_curves.png", "AutoExplore: validation success with and without negative examples "
                          "(the paper's Figure 3)", (REFLECT_RL, "SFT+RLFT w/o negative")),),
     departures=(
@@ -149,33 +156,93 @@ RECIPE = Recipe(
 )
 
 
+# --- the same column on a pretrained model (``demo.py --model_name <model>``): SmolLM2-135M on 2 CPU cores ---------
+# LoRA r 64 / alpha 16 over the frozen base (recipes/pretrained.py), the tiny-gpt2 column's task, data and
+# held-out episodes, so the two models' rows compare. The costs below were measured on the 2-core machine with
+# avx512_bf16, in bfloat16 (docs/auto_explore.md, "SmolLM2: where an SFT step's time goes").
+# Attention by torch's sdpa kernel for every role (the loader's default for a bfloat16 model trained on a CPU is
+# eager attention): eager keeps each layer's attention probabilities in float32 for the backward pass, so a batch
+# of 8 policy texts of 700-800 tokens peaks at 15-20 GiB (two SFTs side by side would not fit in 24 GiB) and, with
+# the memory given back and taken again at every step, takes 2-3x sdpa's time (18-26 s against 12 s; 8 reflection
+# texts of 210 tokens: 7-16 s against 2.3 s).
+PRETRAINED_ATTENTION = "--attn_implementation=sdpa"
+PRETRAINED_SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", "--logging_steps=10",
+                        # no dropout (the paper: 0.1): LoRA's random masks are 10-15% of a policy step, and the
+                        # pretrained Taxi reflector was right more often without (docs/smollm2.md)
+                        "--disable_dropout")
+PRETRAINED_POLICY_LEARNING_RATE = 1e-3  # the pretrained Taxi recipe's (chosen there on SmolLM2's validation episodes)
+PRETRAINED_REFLECTOR_LEARNING_RATE = 2e-3  # with a cosine decay: the pretrained Taxi recipe's
+PRETRAINED_REFLECTOR_STEPS = 300
+PRETRAINED_POLICY_STEPS = 240
+_REFLECTOR = SFTRole("sft_reflection.jsonl", PRETRAINED_REFLECTOR_STEPS, PRETRAINED_REFLECTOR_LEARNING_RATE, "cosine")
+_POLICY = SFTRole("sft_policy.jsonl", PRETRAINED_POLICY_STEPS, PRETRAINED_POLICY_LEARNING_RATE)
+PRETRAINED_SFT = {"reflector": _REFLECTOR, "policy": _POLICY, "plain": dataclasses.replace(_POLICY, file="sft.jsonl"),
+                  "reflector_positive": dataclasses.replace(_REFLECTOR, file="sft_reflection_positive.jsonl"),
+                  "policy_positive": dataclasses.replace(_POLICY, file="sft_policy_positive.jsonl")}
+# Two SFT streams of about equal time (one thread each): a policy's step costs about twice a reflector's.
+PRETRAINED_SFT_STREAMS = (("reflector", "reflector_positive", "plain"), ("policy", "policy_positive"))
+PRETRAINED_RL_ITERATIONS = 20
+# The paper's RL rate; 100 held-out episodes a depth (the tiny-gpt2 column's 200 would take about an hour of the
+# seed: 80 validation episodes of a row that reflects took 430 s on one core, two thirds of it the policy's reading of
+# its prompts), and the held-out repository's tasks twice each.
+PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": 2e-4, "eval_level_episodes": 100}
+PRETRAINED_GENERALISATION_REPS = 2
+PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a checkpoint at most this many steps old
+PRETRAINED_FLOAT32_NOTICE = (
+    "no native bfloat16 found on this CPU (avx512_bf16 or amx_bf16, as oneDNN sees it: utils/cpu.py), so the recipe "
+    "computes in float32, several times slower than in the bfloat16 it was timed in (docs/auto_explore.md)")
+
+
+def on_pretrained(model_name: str) -> Recipe:
+    """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA."""
+    return dataclasses.replace(
+        RECIPE, name=f"{RECIPE.name}-{Path(model_name).name}", title=f"{RECIPE.title} (LoRA)",
+        model=lora_model(model_name, PRETRAINED_ATTENTION), sft=PRETRAINED_SFT, sft_flags=PRETRAINED_SFT_FLAGS,
+        sft_streams=PRETRAINED_SFT_STREAMS, rl=gpu.iterations(RL, PRETRAINED_RL_ITERATIONS),
+        # one RL stream: each run has both cores (as the pretrained Taxi recipe's)
+        rl_streams=(tuple(RL),), budget=PRETRAINED_BUDGET, pretrained=None, save_every=PRETRAINED_SAVE_EVERY,
+        evaluations={**RECIPE.evaluations, "generalisation": evaluation_on(
+            "holdout.json", f"--eval_reps={PRETRAINED_GENERALISATION_REPS}", "--eval_level_episodes=0")},
+        notice=PRETRAINED_FLOAT32_NOTICE if in_float32() else None,
+        departures=(
+            (f"SFT of {PRETRAINED_POLICY_STEPS} (policies) and {PRETRAINED_REFLECTOR_STEPS} steps (reflectors) of 8 "
+             f"texts, {PRETRAINED_RL_ITERATIONS} RL iterations of {BUDGET['rl_batch']} episodes (the paper: more)",
+             "a seed of about 3 hours on 2 CPU cores (docs/auto_explore.md: each stage's cost); the steps are the "
+             "validation pilot's, not yet chosen against others"),
+            ("file views of ~60 tokens (the paper: ~500)", "a CPU budget: the texts' length decides an SFT step's cost"),
+            ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "
+             "GitHub repositories, GPT-4)", "offline and deterministic"),
+            (f"SFT without dropout, at lr {PRETRAINED_POLICY_LEARNING_RATE:g} (policies) and "
+             f"{PRETRAINED_REFLECTOR_LEARNING_RATE:g} with a cosine decay (reflectors) (the paper: 2e-4, dropout 0.1)",
+             "the pretrained Taxi recipe's, chosen there on SmolLM2's validation episodes; no dropout is also 10-15% "
+             "faster"),
+            ("a batch-mean baseline, greedy reflections (the paper: none, sampled)", "as the Taxi column's"),
+            ("bfloat16 on a CPU that computes it natively (the paper: a GPU)", "several times faster than float32 there"),
+        ),
+    )
+
+
 # --- the same column on one GPU (``demo.py --profile gpu``), on a pretrained model --------------------------------
-# The paper's file views (the environment's 500 tokens): a GPU reads them. The rates are those the pretrained Taxi
-# recipe chose on validation episodes of SmolLM2-135M (the reflector at 2e-3 with a cosine decay and no dropout, the
-# policies at 1e-3), not yet ablated on this column; the steps and the RL budget are what a 9-minute window holds
-# by the GPU rates measured so far (docs/gpu.md, "The GPU profile"), to be checked on the first window's validation curves.
-GPU_TASK = tuple(flag for flag in TASK if flag != VIEW)
-GPU_REFLECTOR = SFTRole("sft_reflection.jsonl", 300, 2e-3, "cosine", flags=("--disable_dropout",))
-GPU_POLICY = SFTRole("sft_policy.jsonl", 300, 1e-3)
-GPU_SFT = {"reflector": GPU_REFLECTOR, "policy": GPU_POLICY, "plain": dataclasses.replace(GPU_POLICY, file="sft.jsonl"),
-           "reflector_positive": dataclasses.replace(GPU_REFLECTOR, file="sft_reflection_positive.jsonl"),
-           "policy_positive": dataclasses.replace(GPU_POLICY, file="sft_policy_positive.jsonl")}
-# RL: few iterations of many episodes, each a gradient step per 16 (an iteration's time is the reflector's generation,
-# bound by latency: a batch of 64 costs about what one of 16 does); the evaluation in batches of 200.
-GPU_RL_ITERATIONS = 4
-GPU_BUDGET = {"rl_batch": 64, "rl_train_batch": 16, "rl_learning_rate": 2e-4, "eval_batch": 200, "panel_every": 4}
+# The pretrained recipe above, as it was measured and chosen on validation episodes on the CPU (its task with ~60-token
+# file views, its SFT roles, steps, rates and flags, its RL iterations), at a GPU's batches: an RL iteration's time on
+# a GPU is the reflector's generation, bound by latency, which serves a batch of 64 in about the time of 16, so the
+# same RL episodes come in a quarter of the iterations; the evaluation in batches of 200. The first GPU window runs the
+# recipe measured here, so the two machines' rows compare.
+GPU_RL_ITERATIONS = max(1, PRETRAINED_RL_ITERATIONS // 4)
+GPU_BUDGET = {"rl_batch": 4 * BUDGET["rl_batch"], "rl_train_batch": 16, "eval_batch": 200, "eval_level_episodes": 200,
+              "panel_every": max(1, PRETRAINED_BUDGET["panel_every"] // 4)}
 
 
 def on_gpu_profile(model_name: str) -> Recipe:
-    """This column on one GPU (recipes/gpu.py), on the pretrained ``model_name``."""
+    """This column on one GPU (recipes/gpu.py), on the pretrained ``model_name``: the CPU's pretrained recipe."""
+    cpu = on_pretrained(model_name)
     return gpu.on_gpu(
-        RECIPE, model_name, task=GPU_TASK, sft=GPU_SFT, rl=gpu.iterations(RL, GPU_RL_ITERATIONS), budget=GPU_BUDGET,
-        sft_flags=SFT_FLAGS, departures=(
-            (f"{GPU_RL_ITERATIONS} RL iterations of {GPU_BUDGET['rl_batch']} episodes, SFT of "
-             f"{GPU_POLICY.steps} steps of 8 texts (the paper: more)", "a 9-minute GPU window"),
-            ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "
-             "GitHub repositories, GPT-4)", "offline and deterministic"),
-            ("the reflectors' SFT at 2e-3 with a cosine decay, without dropout, the policies' at 1e-3 (the paper: "
-             "2e-4, dropout 0.1)", "the pretrained Taxi recipe's rates, chosen there on validation episodes of "
-                                   "SmolLM2-135M"),
+        RECIPE, model_name, task=cpu.task, sft=cpu.sft, rl=gpu.iterations(RL, GPU_RL_ITERATIONS),
+        budget={**PRETRAINED_BUDGET, **GPU_BUDGET}, sft_flags=cpu.sft_flags, save_every=cpu.save_every,
+        model_flags=(PRETRAINED_ATTENTION,), departures=(
+            (f"{GPU_RL_ITERATIONS} RL iterations of {GPU_BUDGET['rl_batch']} episodes (the CPU recipe: "
+             f"{PRETRAINED_RL_ITERATIONS} of {BUDGET['rl_batch']})", "the same RL episodes in a GPU's batches"),
+            *(d for d in cpu.departures if not d[0].startswith(("bfloat16 on a CPU", "a batch-mean", "SFT of "))),
+            (f"SFT of {PRETRAINED_POLICY_STEPS} (policies) and {PRETRAINED_REFLECTOR_STEPS} steps (reflectors) of 8 "
+             "texts (the paper: more)", "the CPU recipe's, so that the machines' rows compare"),
         ))

@@ -21,10 +21,10 @@ import dataclasses
 from pathlib import Path
 
 from recipes.base import Recipe, RLVariant, SFTRole
+from recipes.pretrained import LORA
 from utils.errors import UsageError
 from utils.paths import smollm2_gguf
 
-LORA = ("--use_peft", "--lora_r=64", "--lora_alpha=16")  # the paper's adapter
 EVAL_EPISODES = 200  # the least number of evaluation episodes per row and per level
 # The departures every column's GPU profile shares (a column adds its own).
 DEPARTURES = (
@@ -54,12 +54,14 @@ def iterations(rl: dict[str, RLVariant], count: int) -> dict[str, RLVariant]:
 
 
 def on_gpu(recipe: Recipe, model_name: str, *, sft: dict[str, SFTRole], rl: dict[str, RLVariant], budget: dict,
-           sft_flags: tuple[str, ...], departures: tuple[tuple[str, str], ...], **changes) -> Recipe:
+           sft_flags: tuple[str, ...], departures: tuple[tuple[str, str], ...], model_flags: tuple[str, ...] = (),
+           **changes) -> Recipe:
     """``recipe`` (a column's CPU recipe) on a GPU: its data steps, rows and evaluations, with ``sft``, ``rl`` and
     ``budget`` (over the CPU recipe's) the column's GPU numbers, every stage of a phase side by side, and the model
-    ``model_name`` with the paper's LoRA. ``changes``: other fields of the column's own (its task flags, data mix)."""
+    ``model_name`` with the paper's LoRA (and ``model_flags`` of the column's own). ``changes``: other fields of the
+    column's own (its task flags, data mix)."""
     label = Path(model_name).name
-    model = (f"--model_name={model_name}", *LORA, "--no_load_in_8bit")
+    model = (f"--model_name={model_name}", *LORA, "--no_load_in_8bit", *model_flags)
     gpu = dataclasses.replace(
         recipe, name=f"{recipe.name}-gpu-{label}", title=f"{recipe.title} (GPU profile, LoRA)", model=model,
         sft=sft, rl=rl, sft_flags=sft_flags, budget={**recipe.budget, **budget},

@@ -10,8 +10,7 @@ import data_gen.taxi.reflection
 from recipes import gpu
 from recipes.accuracy import reflector_accuracy
 from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
-from utils.arg_groups import cuda_available
-from utils.cpu import cpu_native_bf16
+from recipes.pretrained import in_float32, lora_model
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -140,13 +139,9 @@ FLOAT32_NOTICE = (
 
 
 def on_pretrained(model_name: str) -> Recipe:
-    """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA."""
-    # bfloat16 where the CPU computes it natively (avx512_bf16, amx_bf16); elsewhere it is emulated, several
-    # times slower than float32 (a 2-core EPYC without it: 106 s for one RL iteration of 2 episodes). On CUDA,
-    # bfloat16 without the paper's 8-bit base: the same base weights as on a CPU, so the machines' rows compare.
-    cpu_bf16, cuda = bool(cpu_native_bf16()), cuda_available()
-    model = ("--model_name=" + model_name, "--use_peft", "--lora_r=64", "--lora_alpha=16",
-             *(("--cpu_bf16",) if cpu_bf16 else ()), *(("--no_load_in_8bit",) if cuda else ()))
+    """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA
+    (recipes/pretrained.py: bfloat16 where this machine computes it natively, float32 with a notice elsewhere)."""
+    model = lora_model(model_name)
     label = Path(model_name).name
     return dataclasses.replace(
         RECIPE, name=f"{RECIPE.name}-{label}", title=f"{RECIPE.title} (LoRA)", model=model,
@@ -158,7 +153,7 @@ def on_pretrained(model_name: str) -> Recipe:
         rl_streams=((REFLECT_RL, WITHOUT_REFLECTION, RLFT_ONLY),),
         budget=PRETRAINED_BUDGET, pretrained=None,
         extra={"data_episodes": PRETRAINED_DATA_EPISODES, "data_random_prob": PRETRAINED_DATA_RANDOM_PROB},
-        notice=None if cuda or cpu_bf16 else FLOAT32_NOTICE,  # float32: bf16 on neither
+        notice=FLOAT32_NOTICE if in_float32() else None,
         departures=(
             (f"{PRETRAINED_RL_ITERATIONS} RL iterations of 16 episodes, SFT of {PRETRAINED_SFT['policy'].steps}-"
              f"{PRETRAINED_SFT['reflector'].steps} steps of 16 texts (the paper: more)",

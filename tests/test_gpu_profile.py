@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_column_has_a_gpu_profile_with_the_papers_lora_and_each_phase_side_by_side(name):
     cpu, gpu = RECIPES[name], RECIPES[name].gpu("tiny-gpt2")
-    assert gpu.model == ("--model_name=tiny-gpt2", *LORA, "--no_load_in_8bit")
+    base = ("--model_name=tiny-gpt2", *LORA, "--no_load_in_8bit")
+    assert gpu.model[:len(base)] == base and all(flag.startswith("--attn_implementation=") for flag in gpu.model[len(base):])
     assert "--lora_r=64" in gpu.model and "--lora_alpha=16" in gpu.model  # the paper's adapter
     assert [row.name for row in gpu.rows] == [row.name for row in cpu.rows] and gpu.evaluations.keys() == cpu.evaluations.keys()
     assert gpu.sft_streams == tuple((role,) for role in gpu.sft) and gpu.rl_streams == tuple((n,) for n in gpu.rl)
@@ -51,11 +52,17 @@ def test_the_alfworld_profile_labels_the_policies_with_the_experts_commands(tmp_
         RECIPES["alfworld"], 0, tmp_path)[1][1]
 
 
-def test_the_auto_explore_profile_shows_the_papers_file_views(tmp_path):
-    gpu, cpu = RECIPES["auto_explore"].gpu("tiny-gpt2"), RECIPES["auto_explore"]
-    assert not any(flag.startswith("--auto_explore_view_tokens") for flag in gpu.task)
-    assert not any(flag.startswith("--auto_explore_view_tokens") for flag in gpu.data(gpu, 0, tmp_path)[-1][1])
-    assert "--auto_explore_view_tokens=60" in cpu.data(cpu, 0, tmp_path)[-1][1]  # the CPU recipe's, unchanged
+def test_the_auto_explore_profile_runs_the_recipe_chosen_on_the_cpu(tmp_path):
+    """The first GPU window runs the AutoExplore recipe measured and chosen on validation episodes on the CPU (its
+    file views, SFT roles, steps, rates and flags, its attention), the same RL episodes at a GPU's batches."""
+    from recipes import auto_explore
+
+    gpu, cpu = RECIPES["auto_explore"].gpu("tiny-gpt2"), auto_explore.on_pretrained("tiny-gpt2")
+    assert gpu.task == cpu.task and "--auto_explore_view_tokens=60" in gpu.data(gpu, 0, tmp_path)[-1][1]
+    assert gpu.sft == cpu.sft and gpu.sft_flags == cpu.sft_flags and gpu.save_every == cpu.save_every
+    assert auto_explore.PRETRAINED_ATTENTION in gpu.model
+    episodes = {name: variant.iterations * gpu.budget["rl_batch"] for name, variant in gpu.rl.items()}
+    assert episodes == {name: variant.iterations * cpu.budget["rl_batch"] for name, variant in cpu.rl.items()}
 
 
 def test_the_gpu_profile_takes_its_model_and_each_machines_own_numerics(monkeypatch, capsys):

@@ -301,10 +301,10 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
 def test_the_pretrained_taxi_recipe_keeps_a_bfloat16_base_on_cuda(monkeypatch):
     """On CUDA the pretrained column loads the base in bfloat16, not the paper's 8 bits (the weights a CPU
     computes with); on a CPU it passes nothing bitsandbytes would read."""
-    from recipes import taxi_pickup
+    from recipes import pretrained, taxi_pickup
 
     for cuda in (True, False):
-        monkeypatch.setattr(taxi_pickup, "cuda_available", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(pretrained, "cuda_available", lambda cuda=cuda: cuda)
         model = taxi_pickup.on_pretrained("some/model.gguf").model
         assert ("--no_load_in_8bit" in model) is cuda and "--use_peft" in model
 
@@ -317,3 +317,43 @@ def test_the_pretrained_taxi_recipe_runs_its_rl_one_run_at_a_time_on_every_core(
     recipe = taxi_pickup.on_pretrained("some/model.gguf")
     assert len(recipe.rl_streams) == 1 and set(recipe.rl_streams[0]) == set(recipe.rl)
     assert stages.stage_threads(2, len(recipe.rl_streams), cores=2) == 2
+
+
+@pytest.mark.slow
+def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypatch):
+    """The AutoExplore column's recipe for a pretrained model (``demo.py --task auto_explore --model_name ...``) at a
+    tiny budget, on tiny-gpt2 under its LoRA adapter: its model flags (sdpa attention), its SFT flags (no dropout),
+    its two SFT streams and one RL stream, its checkpoints every few steps, six rows on both depths; then the same
+    command again reads the seed back, and a changed RL budget re-runs the RL runs and the evaluation only."""
+    from recipes import auto_explore
+    from tests.test_demo import ONE_PROCESS
+
+    recipe = auto_explore.on_pretrained("tiny-gpt2")
+    assert "--attn_implementation=sdpa" in recipe.model and "--use_peft" in recipe.model
+    assert "--disable_dropout" in recipe.sft_flags and recipe.save_every and len(recipe.rl_streams) == 1
+    assert {role for stream in recipe.sft_streams for role in stream} == set(recipe.sft)
+    small = dataclasses.replace(
+        recipe.scaled({role: 2 for role in recipe.sft}, 2, eval_level_episodes=2, panel_every=4, accuracy_episodes=1,
+                      eval_batch=8),
+        evaluations={"held-out": recipe.evaluations["held-out"]}, save_every=1)
+    small = dataclasses.replace(small, model=(*small.model, "--max_seq_length=256"))
+    monkeypatch.setattr(auto_explore, "on_pretrained", lambda model_name: small)
+    command = ["--task", "auto_explore", "--model_name", "tiny-gpt2", f"--ckpt_path={tmp_path}", "--seed", "1",
+               *ONE_PROCESS]
+    assert demo.main(command) == 0
+    seed = tmp_path / "demo" / small.name / "seed-1"
+    run = json.loads((seed / demo.FINISHED).read_text())["run"]
+    assert [r["name"] for r in run["results"]] == [row.name for row in recipe.rows]
+    for result in run["results"]:
+        assert {"depth 1", "depth 2"} <= set(result["levels"]), result["name"]
+    # a checkpoint every step (save_every=1): the first one is kept beside the last, to resume from
+    assert (next((seed / "runs" / "sft-policy").glob("*_supervised_pretrain")) / "checkpoint-1").is_dir()
+    tokens = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
+
+    bigger = dataclasses.replace(small, budget={**small.budget, "rl_learning_rate": 1e-4})
+    monkeypatch.setattr(auto_explore, "on_pretrained", lambda model_name: bigger)
+    assert demo.main(command) == 0
+    again = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
+    changed = sorted(name for name in again if again[name] != tokens.get(name))
+    assert changed and all(name.startswith(("rl-", "evaluation")) for name in changed), changed
+    assert all(again[name] == tokens[name] for name in tokens if name.startswith(("sft-", "data")))
