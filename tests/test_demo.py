@@ -362,18 +362,19 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys, monkeypatch):
-    import recipes.taxi_pickup
+    import recipes.pretrained
+    from recipes import RECIPES
 
-    monkeypatch.setattr(recipes.taxi_pickup, "cuda_available", lambda: False)
+    monkeypatch.setattr(recipes.pretrained, "cuda_available", lambda: False)
     for native in (True, False, None):  # bfloat16 only where the CPU computes it; emulated, it is slower than float32
-        monkeypatch.setattr(recipes.taxi_pickup, "cpu_native_bf16", lambda native=native: native)
-        recipe = TAXI.pretrained("/models/m.gguf")
-        assert ("--cpu_bf16" in recipe.model) is bool(native)
+        monkeypatch.setattr(recipes.pretrained, "cpu_native_bf16", lambda native=native: native)
+        recipe, explore = TAXI.pretrained("/models/m.gguf"), RECIPES["auto_explore"].pretrained("/models/m.gguf")
+        assert ("--cpu_bf16" in recipe.model) is bool(native) and ("--cpu_bf16" in explore.model) is bool(native)
         # in float32 the runner says first that its times were measured in bfloat16 (README: 72 minutes a seed)
-        assert (recipe.notice is None) is bool(native)
+        assert (recipe.notice is None) is bool(native) and (explore.notice is None) is bool(native)
         if not native:
             assert all(part in recipe.notice for part in ("float32", "400 steps", "about 3 hours", "72 minutes"))
-    monkeypatch.setattr(recipes.taxi_pickup, "cuda_available", lambda: True)  # a GPU: bfloat16, nothing to say
+    monkeypatch.setattr(recipes.pretrained, "cuda_available", lambda: True)  # a GPU: bfloat16, nothing to say
     assert TAXI.pretrained("/models/m.gguf").notice is None
     pretrained = TAXI.pretrained("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert pretrained.model_name == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
