@@ -53,7 +53,7 @@ from recipes.base import (
     SFTRole,
     paper_rows,
 )
-from recipes.pretrained import in_float32, lora_model
+from recipes.pretrained import FLOAT32, in_float32, lora_model
 
 TASK_SEED = 0  # the benchmark (repositories, tasks, their split) is the same for every training seed: one
 # evaluation set for all seeds; the training seed draws the trajectories (their wrong turns), SFT and RL
@@ -159,7 +159,7 @@ RECIPE = Recipe(
 # --- the same column on a pretrained model (``demo.py --model_name <model>``): SmolLM2-135M on 2 CPU cores ---------
 # LoRA r 64 / alpha 16 over the frozen base (recipes/pretrained.py), the tiny-gpt2 column's task, data and
 # held-out episodes, so the two models' rows compare. The costs below were measured on the 2-core machine with
-# avx512_bf16, in bfloat16 (docs/auto_explore.md, "SmolLM2: where an SFT step's time goes").
+# avx512_bf16, in bfloat16 (docs/auto_explore.md, "Where an SFT step's time went").
 # Attention by torch's sdpa kernel for every role (the loader's default for a bfloat16 model trained on a CPU is
 # eager attention): eager keeps each layer's attention probabilities in float32 for the backward pass, so a batch
 # of 8 policy texts of 700-800 tokens peaks at 15-20 GiB (two SFTs side by side would not fit in 24 GiB) and, with
@@ -188,9 +188,7 @@ PRETRAINED_RL_ITERATIONS = 20
 PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": 2e-4, "eval_level_episodes": 100}
 PRETRAINED_GENERALISATION_REPS = 2
 PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a checkpoint at most this many steps old
-PRETRAINED_FLOAT32_NOTICE = (
-    "no native bfloat16 found on this CPU (avx512_bf16 or amx_bf16, as oneDNN sees it: utils/cpu.py), so the recipe "
-    "computes in float32, several times slower than in the bfloat16 it was timed in (docs/auto_explore.md)")
+PRETRAINED_FLOAT32_NOTICE = f"{FLOAT32} (docs/auto_explore.md)"
 
 
 def on_pretrained(model_name: str) -> Recipe:

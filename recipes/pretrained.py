@@ -9,6 +9,10 @@ from utils.arg_groups import cuda_available
 from utils.cpu import cpu_native_bf16
 
 LORA = ("--use_peft", "--lora_r=64", "--lora_alpha=16")  # the paper's adapter
+# What a recipe's notice (``Recipe.notice``) says first where it computes in float32 (:func:`in_float32`); each recipe
+# adds what that costs it, as measured.
+FLOAT32 = ("no native bfloat16 found on this CPU (avx512_bf16 or amx_bf16, as oneDNN sees it: utils/cpu.py), so the "
+           "recipe computes in float32, several times slower than in the bfloat16 it was timed in")
 
 
 def lora_model(model_name: str, *flags: str) -> tuple[str, ...]:

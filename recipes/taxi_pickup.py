@@ -10,7 +10,7 @@ import data_gen.taxi.reflection
 from recipes import gpu
 from recipes.accuracy import reflector_accuracy
 from recipes.base import REFLECT_RL, RLFT_ONLY, WITHOUT_REFLECTION, Evaluation, Recipe, RLVariant, SFTRole, paper_rows
-from recipes.pretrained import in_float32, lora_model
+from recipes.pretrained import FLOAT32, in_float32, lora_model
 
 DATA_EPISODES = 3000
 # "oracle + random 0.5": the paper's Taxi recipe takes a random action with p = 0.9. Its SFT
@@ -131,10 +131,8 @@ PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": PRETRAINED_LEARNING_RATE, "pa
 # the reflector's SFT step of 16 texts took 26-28 s (5.6 s in bfloat16: seeds 0 and 1 on the 2-core machine with
 # amx_bf16), the policies' 28-31 s on the other core.
 FLOAT32_NOTICE = (
-    "no native bfloat16 found on this CPU (avx512_bf16 or amx_bf16, as oneDNN sees it: utils/cpu.py), so the recipe "
-    "computes in float32, several times slower than in the bfloat16 it was timed in: on a 2-core CPU with AVX2 only an SFT step of "
-    f"the reflector took about 27 s (5.6 s in bfloat16), so its {PRETRAINED_REFLECTOR_STEPS} steps alone take about 3 "
-    "hours, where a whole seed took 72 minutes in bfloat16. A GPU, or a CPU with avx512_bf16 or amx_bf16, runs it in "
+    f"{FLOAT32}: on a 2-core CPU with AVX2 only an SFT step of the reflector took about 27 s (5.6 s in bfloat16), so "
+    f"its {PRETRAINED_REFLECTOR_STEPS} steps alone take about 3 hours, where a whole seed took 72 minutes in bfloat16. A GPU, or a CPU with avx512_bf16 or amx_bf16, runs it in "
     "the time docs/smollm2.md gives")
 
 
