@@ -5,7 +5,7 @@
 
 The loop in :func:`main` reads top to bottom: load the two players, the learner
 (``--trainer``, see ``rl_algorithms/``) and the curriculum; then each iteration rolls out
-``per_device_eval_batch_size`` episodes in parallel (``rollout.py``), hands them to
+``per_device_eval_batch_size`` episodes in parallel (``rollout/``), hands them to
 ``learner.update``, logs, and checkpoints. ``--resume_from CHECKPOINT`` continues a run
 exactly where it stopped; under ``accelerate launch`` ranks roll out different episodes,
 gradients are averaged, and only rank 0 writes.
@@ -31,7 +31,7 @@ from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, LearnerSettings, UpdateResult
 from rollout import TwoPlayerRollout
-from rollout_records import Episode, EpisodeStart, RolloutStats
+from rollout import Episode, EpisodeStart, RolloutStats
 from utils import checkpoints, complete, distributed, metrics, seeding
 from utils.io import AGAIN, on_full_disk
 

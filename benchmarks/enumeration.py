@@ -26,7 +26,7 @@ from benchmarks.saycan import SayCanScorer
 from envs import make_env
 from experiment_args import one_line_usage_errors, parse_args
 from prompts import ACTION_MARKER, policy_prompt, split_observation
-from rollout_policy import PolicyScorer
+from rollout import PolicyScorer
 from utils import lm_head, models
 
 PROG = "python -m benchmarks.enumeration"

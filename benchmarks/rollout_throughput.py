@@ -20,7 +20,7 @@ from envs import make_env
 from envs.taxi import FULL
 from experiment_args import run_script
 from rollout import TwoPlayerRollout
-from rollout_records import EpisodeStart
+from rollout import EpisodeStart
 
 BATCHES = (1, 8, 32)
 

@@ -19,7 +19,7 @@ is a row of the results, found by its name; one without a name takes its checkpo
 the run with one line naming each bad entry, its number and name; nothing is played or written.
 
 Every configuration plays the same test episodes through the rollout used in RL
-(``rollout.py``), with the same seeds and sampling randomness:
+(``rollout/``), with the same seeds and sampling randomness:
 
 * Taxi: ``--eval_reps`` held-out seeds per curriculum level (pickup, dropoff, full;
   ``--curriculum_index`` picks one);

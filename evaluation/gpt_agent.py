@@ -17,7 +17,7 @@ import re
 
 from envs import env_spec
 from envs.base import TextEnv
-from rollout_records import Decision, Episode, EpisodeStart
+from rollout import Decision, Episode, EpisodeStart
 from utils.llm import ChatClient
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def play_episode(client: ChatClient, env: TextEnv, env_name: str, start: Episode
 
 
 def as_episode(played: dict, start: EpisodeStart) -> Episode:
-    """A played episode (:func:`play_episode`) as the evaluation's :class:`rollout_records.Episode`."""
+    """A played episode (:func:`play_episode`) as the evaluation's :class:`rollout.Episode`."""
     episode = Episode(seed=start.seed, options=start.options, level=start.level)
     episode.decisions = [Decision(obs="", prompt="", valid=[], action=-1, logprob=0.0, entropy=0.0, reward=reward)
                          for reward in played["rewards"]]

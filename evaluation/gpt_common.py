@@ -14,7 +14,7 @@ from data_gen.common import Journal, journal_name
 from envs import EnvPool, env_kwargs, make_env
 from evaluation.evaluate import save_results, success_name, summarise, test_episodes
 from evaluation.gpt_agent import api_instructions, as_episode, play_episode
-from rollout_records import EpisodeStart
+from rollout import EpisodeStart
 from utils import checkpoints
 from utils.io import write_jsonl
 from utils.llm import concurrency, make_client, stops_on_llm_error

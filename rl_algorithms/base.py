@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from rl_algorithms.losses import ValueHead, cost_to_go, value_loss
-from rollout_policy import PolicyScorer, entropy_of
-from rollout_records import Decision, Episode, EpisodeStart
+from rollout import PolicyScorer, entropy_of
+from rollout import Decision, Episode, EpisodeStart
 from utils.lm_head import base_model
 from utils.models import device, finite_gradients
 
@@ -145,7 +145,7 @@ class Learner:
         """Current log-probs of the decisions' actions, in minibatches of ``per_device_train_batch_size``.
 
         With ``--reuse_rollout_pass``, the leading decisions whose rollout passes were kept at the current
-        weights (:class:`rollout_policy.KeptPasses`) come first, in one piece read from those passes: one backward
+        weights (:class:`rollout.KeptPasses`) come first, in one piece read from those passes: one backward
         pass through them frees them all. The gradient is the same, to rounding, as the loss is a sum over
         decisions and the optimiser steps only after every minibatch."""
         size = self.settings.minibatch_size

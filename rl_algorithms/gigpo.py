@@ -27,7 +27,7 @@ import torch
 
 from rl_algorithms.group import group_members, group_relative
 from rl_algorithms.grpo import GRPO
-from rollout_records import Episode
+from rollout import Episode
 
 
 def discounted_returns(rewards: list[float], gamma: float) -> list[float]:

@@ -27,7 +27,7 @@ import torch
 
 from rl_algorithms.base import Play, UpdateResult
 from rl_algorithms.replay import ReplayBuffer
-from rollout_records import Episode
+from rollout import Episode
 
 # GRPO's epsilon: keeps a group whose returns are all equal (std 0) at advantage 0
 EPS = 1e-6

@@ -33,7 +33,7 @@ import torch
 from rl_algorithms.base import Learner, UpdateResult, flat_decisions
 from rl_algorithms.group import SuccessReplay, decision_advantages, group_members, group_relative
 from rl_algorithms.losses import clipped_surrogate, kl_k3, ratio_figures
-from rollout_records import Episode
+from rollout import Episode
 
 
 class GRPO(SuccessReplay, Learner):

@@ -14,7 +14,7 @@ import torch
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
 from rl_algorithms.losses import pg_loss
 from rl_algorithms.replay import ReplayBuffer
-from rollout_records import Episode
+from rollout import Episode
 
 
 class PolicyGradient(Learner):

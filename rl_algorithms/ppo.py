@@ -10,7 +10,7 @@ import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult, flat_decisions
 from rl_algorithms.losses import ppo_loss, ratio_figures
-from rollout_records import Episode
+from rollout import Episode
 
 
 class PPO(Learner):

@@ -11,7 +11,7 @@ import torch
 
 from rl_algorithms.base import Learner, Play, UpdateResult
 from rl_algorithms.losses import cost_to_go, refuel_loss
-from rollout_records import Decision, Episode, EpisodeStart
+from rollout import Decision, Episode, EpisodeStart
 
 Pair = tuple[Decision, Decision, float, float]  # (τ_h, τ'_h, G_h, G'_h)
 

@@ -21,7 +21,7 @@ import numpy as np
 from rl_algorithms.base import Learner, UpdateResult, flat_decisions
 from rl_algorithms.group import SuccessReplay, decision_advantages, group_members, leave_one_out
 from rl_algorithms.losses import advantage_loss
-from rollout_records import Episode
+from rollout import Episode
 
 
 class RLOO(SuccessReplay, Learner):

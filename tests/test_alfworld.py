@@ -512,9 +512,9 @@ def test_the_memoised_engine_on_a_real_game_is_exact(tmp_path, monkeypatch):
 def test_a_batch_plays_its_games_side_by_side_with_the_same_episodes(make_args, monkeypatch):
     """A batch of ALFWorld episodes waits on its worker processes at once (rollout._pool); the episodes are
     those of playing the envs one after the other."""
-    import rollout as rollout_module
+    from rollout import episodes as rollout_module
     from rollout import TwoPlayerRollout
-    from rollout_records import EpisodeStart
+    from rollout import EpisodeStart
     from utils import models
 
     args = make_args()

@@ -7,7 +7,7 @@ import torch
 
 from envs import make_env
 from prompts import policy_prompt
-from rollout_policy import PolicyScorer
+from rollout import PolicyScorer
 from utils import lm_head, models
 
 ARCHITECTURES = {

@@ -161,7 +161,7 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     import numpy as np
 
     from rollout import TwoPlayerRollout
-    from rollout_records import Decision, EpisodeStart
+    from rollout import Decision, EpisodeStart
     from utils import models
 
     records = _run(make_args, tmp_path, num_episodes=1)

@@ -11,8 +11,8 @@ from transformers import DynamicCache, GenerationConfig, GPT2Config, GPT2LMHeadM
 
 from envs import make_env
 from rollout import TwoPlayerRollout
-from rollout_policy import pad_left
-from rollout_records import EpisodeStart
+from rollout import pad_left
+from rollout import EpisodeStart
 from utils import models
 from utils.draft_decoding import MAX_NGRAM, DraftStats, draft_after, draft_source, greedy_with_drafts
 from utils.kv_cache import PrefixKV

@@ -16,7 +16,7 @@ import yaml
 
 from evaluation import evaluate
 from experiment_args import parse_args, run_script
-from rollout_records import Episode
+from rollout import Episode
 from tests.conftest import REPO
 from tests.test_checkpoint_roles import SFT_POLICY, SFT_REFLECTOR, one_line_exit, role_checkpoint
 from utils import checkpoints

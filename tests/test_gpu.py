@@ -77,7 +77,7 @@ def test_the_update_reads_the_rollouts_own_passes_on_the_eight_bit_model(make_ar
     rollout's kept passes (their graphs run back through bitsandbytes' layers), and the run plays the same moves
     as one that reads its prompts again: a pass with gradient computes what one without it does."""
     import rl_finetune
-    from rollout_policy import KeptPasses
+    from rollout import KeptPasses
     from utils import checkpoints, metrics
 
     taken = []

@@ -18,8 +18,8 @@ from rl_algorithms import LEARNERS, LearnerSettings
 from rl_algorithms.gigpo import anchor_groups, discounted_returns
 from rl_algorithms.group import EPS, group_members, group_relative, leave_one_out
 from rollout import TwoPlayerRollout
-from rollout_policy import PolicyScorer
-from rollout_records import Decision, Episode
+from rollout import PolicyScorer
+from rollout import Decision, Episode
 from utils import checkpoints, metrics, models
 
 
@@ -266,7 +266,7 @@ def test_a_group_learner_replays_successes_it_has_seen(scorer, name):
 
 @pytest.mark.parametrize("name", ["rloo", "grpo"])
 def test_the_entropy_bonus_of_a_group_learner_follows_the_formula(scorer, name):
-    from rollout_policy import entropy_of
+    from rollout import entropy_of
 
     episodes = [_episode(0, [1.0, 0.0]), _episode(0, [0.0])]
     decisions = [d for e in episodes for d in e.decisions]

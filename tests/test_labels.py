@@ -107,7 +107,7 @@ def test_label_file_mismatch_names_both_sides(tmp_path, digit_tokenizer):
 
 def test_rollout_refuses_envs_with_other_labels(digit_model, make_args):
     from rollout import TwoPlayerRollout
-    from rollout_records import EpisodeStart
+    from rollout import EpisodeStart
 
     args = make_args(model_name=digit_model)
     policy, tokenizer = models.load_model_and_tokenizer(args, trainable=False)

@@ -11,7 +11,7 @@ from envs import make_env
 from rl_algorithms import LEARNERS, LearnerSettings, UpdateResult
 from rl_algorithms.base import flat_decisions
 from rollout import TwoPlayerRollout
-from rollout_records import EpisodeStart
+from rollout import EpisodeStart
 from tests.conftest import record_reads_and_gradients, same_gradients
 from utils import models
 
@@ -127,7 +127,7 @@ def test_refuel_pairs_of_equal_returns_give_exactly_no_gradient(toy):
 
 
 def _mean_entropy(learner, episodes) -> float:
-    from rollout_policy import entropy_of
+    from rollout import entropy_of
 
     decisions = [d for e in episodes for d in e.decisions]
     with torch.no_grad():

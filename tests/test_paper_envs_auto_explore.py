@@ -200,7 +200,7 @@ def test_evaluation_repeats_a_levels_few_tasks_to_its_minimum_and_plays_only_the
     """--eval_level_episodes N: each depth gets at least N episodes (its tasks repeated alike); --eval_levels
     keeps the named depths only; figures count the distinct tasks behind them."""
     from evaluation.evaluate import HELD_OUT_SEED, figures, test_episodes
-    from rollout_records import Episode
+    from rollout import Episode
 
     tasks = _tasks(repo, [[0], [1], [2], [2], [2]])
     task_file = tmp_path / "test.json"

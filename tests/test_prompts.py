@@ -72,7 +72,7 @@ def test_the_rollout_and_the_sft_texts_use_the_environments_layout(make_args, ti
     from envs import make_env
     from envs.taxi import DangerousTaxiEnv
     from rollout import TwoPlayerRollout
-    from rollout_records import EpisodeStart
+    from rollout import EpisodeStart
     from utils import models
 
     args = make_args(env="taxi")

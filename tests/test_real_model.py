@@ -87,7 +87,7 @@ def test_sft_with_lora_learns_and_its_adapter_reloads(chain, tokenizer):
     assert json.loads((chain["policy"] / LABEL_FILE).read_text())["labels"] == saved["labels"]
 
     # the reloaded adapter puts more mass on the SFT labels than the base model does
-    from rollout_policy import PolicyScorer
+    from rollout import PolicyScorer
 
     texts = [json.loads(line)["text"] for line in (chain["data"] / "sft_policy.jsonl").read_text().splitlines()]
     prompts = [t[: t.rindex(ACTION_MARKER) + len(ACTION_MARKER)] for t in texts[:8]]
@@ -144,7 +144,7 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
     from envs import make_env
     from experiment_args import ScriptArguments
     from rollout import TwoPlayerRollout
-    from rollout_records import EpisodeStart
+    from rollout import EpisodeStart
 
     settings = ScriptArguments(**SMALL)
     policy, tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["policy"]), shrink_head=True)
@@ -196,7 +196,7 @@ def test_the_update_from_the_rollouts_passes_on_a_real_model(chain):
     from experiment_args import ScriptArguments
     from rl_algorithms import LEARNERS, LearnerSettings
     from rollout import TwoPlayerRollout
-    from rollout_records import EpisodeStart
+    from rollout import EpisodeStart
 
     settings = ScriptArguments(**SMALL, load_in_8bit=False, bf16=False, trainer="pg", baseline="mean",
                                per_device_train_batch_size=2, prefix_cache=False)

@@ -260,7 +260,7 @@ def test_reuse_rollout_pass_reaches_the_update_and_trains_as_reading_again(make_
     """``--reuse_rollout_pass`` through the loop (on by default on a CPU): every update takes the rollout's passes,
     and the run plays the same episodes as one that reads its prompts again (float32: log-probs equal to
     rounding)."""
-    from rollout_policy import KeptPasses
+    from rollout import KeptPasses
 
     taken = []
     take = KeptPasses.take

@@ -10,7 +10,7 @@ import pytest
 import rl_finetune
 from envs import make_env
 from rollout import TwoPlayerRollout
-from rollout_records import EpisodeStart
+from rollout import EpisodeStart
 from utils import models
 
 HELD_OUT = [10**6 + i for i in range(64)]

@@ -11,8 +11,8 @@ import torch
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, policy_prompt, reflection_prompt
 from rollout import TwoPlayerRollout
-from rollout_policy import PolicyScorer
-from rollout_records import Episode, EpisodeStart
+from rollout import PolicyScorer
+from rollout import Episode, EpisodeStart
 from utils import lm_head, models
 from utils.kv_cache import PrefixKV, shared_length
 from utils.packed_weights import available as packed_weights_available
@@ -69,7 +69,7 @@ def test_the_rollout_clocks_each_players_calls(players, monkeypatch):
     clock that each reflector forward pass moves by 1 s and each policy pass by 1000 s."""
     import types
 
-    import rollout_records
+    from rollout import records as rollout_records
 
     policy, _, reflector, _ = players
     clock = {"now": 0.0}

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from prompts import label_alphabet, label_token_ids
-from rollout_records import Decision
+from rollout.records import Decision
 from utils import lm_head
 from utils.kv_cache import PrefixKV, WeightsWatch
 

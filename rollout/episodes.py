@@ -1,4 +1,4 @@
-"""The two-player rollout, shared by RL fine-tuning and evaluation.
+"""The two-player rollout's episode loop (:class:`TwoPlayerRollout`), shared by RL fine-tuning and evaluation.
 
 ``per_device_eval_batch_size`` episodes run in parallel. At each step, for the
 environments still running:
@@ -20,8 +20,8 @@ Prompts come from ``prompts.py`` (the builder SFT data uses), left-padded, and c
 the left at ``max_seq_length`` (counted in :attr:`RolloutStats.truncated`).
 
 This file is the episode loop; the two players' internals and the records are beside it:
-``rollout_reflector.py`` (the reflector's generation and its caches), ``rollout_policy.py`` (the
-policy's scoring) and ``rollout_records.py`` (decisions, episodes, starts and the running totals).
+``reflector.py`` (the reflector's generation and its caches), ``policy.py`` (the policy's scoring)
+and ``records.py`` (decisions, episodes, starts and the running totals).
 """
 
 import contextlib
@@ -35,9 +35,9 @@ import torch
 
 from envs.base import TextEnv
 from prompts import policy_prompt, reflection_prompt
-from rollout_policy import Choice, PolicyScorer, _device, entropy_of
-from rollout_records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
-from rollout_reflector import ReflectionMemo, ReflectorGeneration
+from rollout.policy import Choice, PolicyScorer, _device, entropy_of
+from rollout.records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
+from rollout.reflector import ReflectionMemo, ReflectorGeneration
 from utils import checkpoints, log_filters, models
 from utils.kv_cache import PrefixKV
 from utils.packed_weights import PackedWeights
@@ -127,7 +127,7 @@ class TwoPlayerRollout(ReflectorGeneration):
                    static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens,
                    packed_weights=args.packed_weights)
 
-    # --- the policy player (the reflector's: rollout_reflector.ReflectorGeneration) --------
+    # --- the policy player (the reflector's: rollout.reflector.ReflectorGeneration) --------
 
     @_clocked("policy_seconds")
     @torch.no_grad()

@@ -10,8 +10,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from prompts import clean_reflection
-from rollout_policy import _device, cut_left, pad_left
-from rollout_records import _clocked
+from rollout.policy import _device, cut_left, pad_left
+from rollout.records import _clocked
 from utils import lm_head
 from utils.draft_decoding import draft_source, greedy_with_drafts
 from utils.kv_cache import WeightsWatch
