@@ -1,6 +1,7 @@
 """Shared fixtures: offline, seeded, the tiny model, temporary run directories."""
 
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
@@ -45,6 +46,16 @@ def make_args(tmp_path):
         return ScriptArguments(**values)
 
     return factory
+
+
+@pytest.fixture
+def fresh_say_once(monkeypatch):
+    """Every logger that says each message once (utils.log_filters.say_once) forgets what it has said, for this test."""
+    from utils.log_filters import _SaidOnce
+
+    for logger in list(logging.root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger) and any(isinstance(f, _SaidOnce) for f in logger.filters):
+            monkeypatch.setattr(logger, "filters", [f for f in logger.filters if not isinstance(f, _SaidOnce)])
 
 
 @pytest.fixture(scope="session")

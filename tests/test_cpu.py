@@ -55,12 +55,11 @@ def test_the_compute_line_gives_the_cost_of_emulated_bfloat16(monkeypatch):
     assert cpu.compute_line("bfloat16", "cuda", "NVIDIA H200") == "compute: bfloat16 on NVIDIA H200"
 
 
-def test_a_model_load_says_where_and_in_what_it_computes_once(make_args, caplog, monkeypatch):
+def test_a_model_load_says_where_and_in_what_it_computes_once(make_args, caplog, monkeypatch, fresh_say_once):
     import torch
 
     from utils import models
 
-    monkeypatch.setattr(cpu, "_said", set())
     caplog.set_level(logging.INFO)
     for _ in range(2):
         models.load_model_and_tokenizer(make_args(), trainable=False)

@@ -3,7 +3,10 @@
 import copy
 import json
 import random
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -337,11 +340,10 @@ def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
 
 @pytest.mark.cpu_path
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback only applies without CUDA")
-def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(make_args, monkeypatch, caplog):
+def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(make_args, monkeypatch, caplog, fresh_say_once):
     """Said when the model loads, before hours are spent: with the measured cost and the way out, once."""
     from utils import cpu
 
-    monkeypatch.setattr(cpu, "_said", set())
     monkeypatch.setattr(cpu, "caps", lambda: cpu.probe({}, (frozenset({"avx2", "fma"}), "an AVX2 CPU")))
     for _ in range(2):
         models.load_model_and_tokenizer(make_args(cpu_bf16=True), trainable=False)
@@ -378,3 +380,24 @@ def test_a_third_party_line_said_at_every_product_is_said_once(caplog):
                ["torch.bfloat16", "torch.float32"]
     finally:
         noisy.filters[:] = saved
+
+
+def test_our_own_lines_are_said_once_by_the_same_say_once_which_imports_no_torch(caplog, fresh_say_once):
+    """One say-once for both kinds of caller: a line of ours (a CPU fallback, the compute line) is said where it is
+    first taken and dropped after, by the filter that quiets bitsandbytes; the module imports no torch, so the
+    torch-free CPU probe and the data generators may use it."""
+    import logging
+
+    from utils import cpu, log_filters
+
+    assert not hasattr(cpu, "say_once")
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            log_filters.say_once("tests.once", "a fallback", logging.INFO)
+        log_filters.say_once("tests.once", "another line")
+    assert [(r.getMessage(), r.levelno) for r in caplog.records if r.name == "tests.once"] == \
+           [("a fallback", logging.INFO), ("another line", logging.WARNING)]
+    code = "import sys, utils.log_filters, utils.cpu; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.split() == ["False"], result.stderr[-2000:]

@@ -58,14 +58,11 @@ def test_packed_layers_compute_the_same_logits(build, dtype):
         assert torch.allclose(packed.float(), plain.float(), atol=tolerance, rtol=0)
 
 
-def test_where_onednn_cannot_pack_bfloat16_its_layers_keep_torchs_product_said_once(monkeypatch, caplog):
+def test_where_onednn_cannot_pack_bfloat16_its_layers_keep_torchs_product_said_once(monkeypatch, caplog, fresh_say_once):
     """An AVX2-only CPU: oneDNN's bfloat16 reorder would raise ("bf16 path needs the cpu support avx_ne_convert or
     avx512bw, avx512vl and avx512dq"). It is never asked: the bfloat16 layers keep torch's product, float32 layers
     are packed as anywhere, and the fallback is said once, in one line."""
-    from utils import cpu
-
     monkeypatch.setattr(packed_weights, "bf16_packable", lambda: False)
-    monkeypatch.setattr(cpu, "_said", set())
 
     def refused(weight):
         assert weight.dtype != torch.bfloat16, "asked oneDNN to pack a bfloat16 weight"

@@ -3,7 +3,8 @@
 x86 CPUs differ in the vector instructions a kernel may use, and torch's libraries choose their code path by them:
 oneDNN (bfloat16 products, the packed weights of ``--packed_weights``, AMX where present), MKL (float32 products)
 and ATen (torch's own kernels: norms, softmax, reductions). A path that needs a feature asks :func:`caps` before it
-relies on it, and falls back to one that works where the feature is missing, saying so once (:func:`say_once`).
+relies on it, and falls back to one that works where the feature is missing, saying so once
+(``utils.log_filters.say_once``).
 
 :func:`caps` reads the CPU's flags (``/proc/cpuinfo``) and the caps a user or CI puts on the libraries' paths:
 ``ONEDNN_MAX_CPU_ISA`` (oneDNN, which torch's own bfloat16 check follows too) and ``ATEN_CPU_CAPABILITY`` (ATen). So
@@ -21,13 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 import platform
 import sys
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 # The code paths, oldest first, by the features that decide them.
 LEVELS = ("below avx2", "avx2", "avx512", "avx512_bf16", "amx")
@@ -161,16 +159,6 @@ def caps() -> Caps:
 def cpu_native_bf16() -> bool | None:
     """Whether this CPU computes bfloat16 natively, as oneDNN sees it; None if unknown."""
     return caps().native_bf16
-
-
-_said: set[str] = set()
-
-
-def say_once(message: str, level: int = logging.WARNING) -> None:
-    """Log ``message`` once per process (a fallback is said where it is taken first, not at every product)."""
-    if message not in _said:
-        _said.add(message)
-        logger.log(level, message)
 
 
 def compute_line(dtype: str, device: str = "cpu", accelerator: str = "") -> str:

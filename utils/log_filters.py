@@ -1,5 +1,6 @@
-"""Filters on other libraries' loggers: each distinct message of a logger said once (:func:`say_once`, e.g.
-bitsandbytes' cast warning, :data:`BNB_CAST_LOGGER`), and transformers' unpadded-``generate`` warning dropped."""
+"""Filters on loggers: each distinct message of a logger said once (:func:`say_once`: bitsandbytes' cast warning,
+:data:`BNB_CAST_LOGGER`, and this project's own lines that a path would otherwise repeat at every call, such as a
+CPU fallback), and transformers' unpadded-``generate`` warning dropped. Nothing here imports torch."""
 
 import logging
 
@@ -24,9 +25,12 @@ class _SaidOnce(logging.Filter):
         return True
 
 
-def say_once(name: str) -> None:
-    """Each distinct message of logger ``name`` is logged once per process."""
+def say_once(name: str, message: str | None = None, level: int = logging.WARNING) -> None:
+    """Each distinct message of logger ``name`` is logged once per process (its repeats dropped); with ``message``,
+    log it there at ``level`` (a fallback is said where it is taken first, not at every product)."""
     _filter_once(name, _SaidOnce)
+    if message is not None:
+        logging.getLogger(name).log(level, message)
 
 
 def _filter_once(name: str, kind: type[logging.Filter]) -> None:

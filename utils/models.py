@@ -47,7 +47,7 @@ def say_compute(dtype: torch.dtype) -> None:
     name = torch.cuda.get_device_name(where) if where.type == "cuda" else ""
     level = logging.WARNING if dtype == torch.bfloat16 and where.type == "cpu" and cpu.cpu_native_bf16() is False \
         else logging.INFO
-    cpu.say_once(cpu.compute_line(str(dtype).removeprefix("torch."), where.type, name), level)
+    say_once(__name__, cpu.compute_line(str(dtype).removeprefix("torch."), where.type, name), level)
 
 
 def attention_kernel(args, trainable: bool) -> str | None:

@@ -32,6 +32,7 @@ from transformers.pytorch_utils import Conv1D
 
 from utils import cpu
 from utils.kv_cache import WeightsWatch
+from utils.log_filters import say_once
 
 DTYPES = (torch.bfloat16, torch.float32)
 
@@ -71,8 +72,8 @@ def packed_here(layers: list[nn.Module]) -> list[nn.Module]:
     kept = [layer for layer in layers if layer.weight.dtype != torch.bfloat16]
     if len(kept) == len(layers) or bf16_packable():
         return layers
-    cpu.say_once(f"packed weights: bfloat16 needs oneDNN's AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT kernels (this CPU: "
-                 f"{cpu.caps().describe()}); the bfloat16 layers use torch's product")
+    say_once(__name__, f"packed weights: bfloat16 needs oneDNN's AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT kernels "
+                       f"(this CPU: {cpu.caps().describe()}); the bfloat16 layers use torch's product")
     return kept
 
 
