@@ -77,7 +77,7 @@ if __name__ == "__main__" and reference_path_asked(sys.argv[1:]):
 
 import torch  # noqa: E402
 
-from experiment_args import one_line_usage_errors, parse_args, unknown_words  # noqa: E402
+from experiment_args import one_line_usage_errors, parse_args  # noqa: E402
 from recipes import DEFAULT, RECIPES, gpu, learners  # noqa: E402
 from recipes.base import Recipe  # noqa: E402
 from recipes.paper_table import markdown as beside_the_paper  # noqa: E402
@@ -86,6 +86,7 @@ from runner.seed import evaluation_argv, run_seed, sft_checkpoint_of  # noqa: E4
 from runner.stages import WORKERS, numerics_setting, say  # noqa: E402
 from utils import models  # noqa: E402
 from utils.arg_groups import SEEDS, output_folders  # noqa: E402
+from utils.arg_words import unknown_words  # noqa: E402
 from utils.errors import UsageError  # noqa: E402
 from utils.io import write_json, write_text_atomic  # noqa: E402
 from utils.paths import RESULTS_DIR  # noqa: E402

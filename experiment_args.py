@@ -4,21 +4,22 @@ Every entry point (``supervised_pretrain.py``, ``rl_finetune.py``, the evaluatio
 scripts and the data-generation steps) parses :class:`ScriptArguments` with
 :func:`parse_args`, so a flag means the same thing everywhere and a run's
 ``setting.yml`` can be replayed by any script. ``ScriptArguments`` is composed of one
-dataclass per purpose, defined in ``utils/arg_groups.py``, ``utils/arg_groups_model.py`` and ``utils/arg_groups_io.py`` (model, optimisation, environment, RL,
-curriculum, data, LLM backend, evaluation, logging); each validates its own fields in ``__post_init__``, and
+dataclass per purpose, defined in ``utils/arg_groups.py``, ``utils/arg_groups_model.py`` and
+``utils/arg_groups_io.py`` (model, optimisation, environment, RL, curriculum, data, LLM backend,
+evaluation, logging); each validates its own fields in ``__post_init__``, and
 ``ScriptArguments`` the combinations across groups. Nothing changes a setting after
 parsing.
 
 Flags keep the names of the paper's README (``--load_dir``, ``--reflect_load_dir``,
 ``--shrink_head``, ``--depth_curriculum`` ...). Values come from, in increasing
 precedence: the defaults of the groups, the saved settings of ``--resume_from``, ``--config
-FILE.yaml``, explicit command-line flags.
+FILE.yaml``, explicit command-line flags. How a settings file and the command line's words are
+read, and their errors said: ``utils/arg_words.py``.
 """
 
 import argparse
 import contextvars
 import dataclasses
-import difflib
 import gc
 import logging
 import sys
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args, get_type_hints
 
-import yaml
 from transformers import HfArgumentParser
 
 from rl_algorithms.defaults import learner_defaults
@@ -35,9 +35,10 @@ from utils.arg_fields import RL_SCRIPT, SFT_SCRIPT, applicability, arg_metadata,
 from utils.arg_groups import CurriculumArguments, EnvArguments, OptimArguments, RLArguments
 from utils.arg_groups_io import DataArguments, EvalArguments, LLMArguments, LoggingArguments
 from utils.arg_groups_model import ModelArguments
+from utils.arg_words import closest, file_value_problem, flags_in, load_yaml, named_by_file, unknown_words
 from utils.cuda import cuda_available
 from utils.errors import UsageError
-from utils.io import full_disk, read_input
+from utils.io import full_disk
 from utils.parity import PRESETS
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE
 
@@ -156,7 +157,7 @@ def check_resume(args: ScriptArguments, only: set[str] | None = None, saved: dic
     ``saved``: the checkpoint's settings, if the caller has read them already.
     """
     if saved is None:
-        saved = _load_yaml(Path(args.resume_from) / SETTINGS_FILE, "--resume_from")
+        saved = load_yaml(Path(args.resume_from) / SETTINGS_FILE, "--resume_from")
     names = [f.name for f in dataclasses.fields(args) if only is None or f.name in only]
     different = [f"--{name}={saved[name]!r} there, {getattr(args, name)!r} here" for name in names
                  if name in saved and name not in RESUME_MAY_CHANGE and saved[name] != getattr(args, name)]
@@ -194,34 +195,23 @@ def build_parser(prog: str | None = None) -> HfArgumentParser:
                           description="Reflect-RL: every script shares these flags.")
 
 
-def _load_yaml(path: Path, flag: str) -> dict:
-    text = read_input(path, flag)
-    try:
-        values = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"{flag}: {path} is not valid YAML: {' '.join(str(error).split())}") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{flag}: {path} must hold a mapping of flag names to values")
-    return values
-
-
 def _to_argv(values: dict, source: str, parser: argparse.ArgumentParser | None = None,
              over: frozenset[str] = frozenset()) -> list[str]:
     """Flag values (from a YAML file) as command-line words, so argparse checks their types. With ``parser``,
-    the values of a settings file: each is checked first as its flag's would be (:func:`_file_value_problem`),
-    a bad one an error naming ``source`` (the file) and the key, and those of ``over`` (the names a later
-    source gives, whose value wins) are left out, unchecked."""
+    the values of a settings file: each is checked first as its flag's would be
+    (:func:`utils.arg_words.file_value_problem`), a bad one an error naming ``source`` (the file) and the key, and
+    those of ``over`` (the names a later source gives, whose value wins) are left out, unchecked."""
     known = {f.name for f in dataclasses.fields(ScriptArguments)}
     unknown = sorted(set(values) - known)
     if unknown:
-        close = {key: _closest(str(key), known) for key in unknown}
+        close = {key: closest(str(key), known) for key in unknown}
         hints = "; ".join(f"{key!r}: did you mean {match!r}?" for key, match in close.items() if match)
         raise ValueError(f"{source} has unknown keys {unknown}" + (f" ({hints})" if hints else ""))
     argv: list[str] = []
     for key, value in values.items():
         if key == "config" or value is None or key in over:
             continue
-        problem = None if parser is None else _file_value_problem(parser, key, value)
+        problem = None if parser is None else file_value_problem(parser, key, value)
         if problem:
             raise UsageError(f"{source}: {key}: {problem}")
         if isinstance(value, list):
@@ -229,43 +219,6 @@ def _to_argv(values: dict, source: str, parser: argparse.ArgumentParser | None =
         else:
             argv.append(f"--{key}={value}")
     return argv
-
-
-# What a value of each flag type must be, as a file's error says it (argparse's own words name the flag only).
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
-
-
-def _file_value_problem(parser: argparse.ArgumentParser, key: str, value) -> str | None:
-    """What is wrong with a settings file's ``value`` of the flag ``key`` for argparse (its type, its choices, one
-    value or a list), in a phrase; None if argparse takes it."""
-    action = parser._option_string_actions[f"--{key}"]
-    if isinstance(value, list) and action.nargs not in ("+", "*"):
-        return f"{value!r} is a list; it takes one value"
-    for word in map(str, value if isinstance(value, list) else [value]):
-        try:
-            converted = action.type(word) if action.type else word
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
-            return f"{word!r} is not {_TYPE_WORDS.get(getattr(action.type, '__name__', ''), 'a valid value')}"
-        if action.choices is not None and converted not in action.choices:
-            return f"{word!r} is not one of {tuple(action.choices)}"
-    return None
-
-
-def _named_by_file(error: ValueError, origins: dict[str, str]) -> ValueError:
-    """A settings check's error (``--name: what``, ``utils.arg_fields.need``) about a value that came from a file,
-    said as that file's (``origins``: the file each such value came from), or ``error`` as it is."""
-    flag, colon, what = str(error).partition(": ")
-    name = flag.removeprefix("--")
-    if not colon or not flag.startswith("--") or name not in origins:
-        return error
-    return UsageError(f"{origins[name]}: {name}: {what}")
-
-
-def _flags_in(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The setting names that ``argv`` gives explicitly (aliases resolved)."""
-    options = parser._option_string_actions
-    return {options[word.split("=", 1)[0]].dest for word in argv
-            if word.startswith("--") and word.split("=", 1)[0] in options}
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str | None = None) -> ScriptArguments:
@@ -287,16 +240,16 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
     known, _ = pre.parse_known_args(argv)
     script = script_name(parser.prog)
     try:
-        config = _load_yaml(Path(known.config), "--config") if known.config else {}
+        config = load_yaml(Path(known.config), "--config") if known.config else {}
         # A file's value that fails its check is said as the file's; an explicit flag's as the flag's.
-        given = frozenset(_flags_in(parser, argv))
+        given = frozenset(flags_in(parser, argv))
         config_source = f"--config: {known.config}"
         explicit = _to_argv(config, config_source, parser, over=given) + argv
         resume_from = known.resume_from or config.get("resume_from")
         saved = {}
         if resume_from:
             check_resumable(Path(resume_from), script, parser.prog)
-            saved = _load_yaml(Path(resume_from) / SETTINGS_FILE, "--resume_from")
+            saved = load_yaml(Path(resume_from) / SETTINGS_FILE, "--resume_from")
         # Precedence, lowest first: a resumed run's settings, the preset, --config, the command line.
         preset = known.preset or config.get("preset") or saved.get("preset")
         preset_values = PRESETS.get(preset, {})
@@ -313,7 +266,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
                 args, remaining = parser.parse_args_into_dataclasses(args=words, look_for_args_file=False,
                                                                      return_remaining_strings=True)
             except ValueError as error:  # a settings check (__post_init__)
-                raise _named_by_file(error, origins) from None
+                raise named_by_file(error, origins) from None
             if remaining:
                 raise UsageError(unknown_words(parser, remaining))
         finally:
@@ -321,42 +274,10 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, env: str 
         if env is not None:
             require_env(args, env, parser.prog)
         if args.resume_from:
-            check_resume(args, only=_flags_in(parser, explicit), saved=saved)
+            check_resume(args, only=flags_in(parser, explicit), saved=saved)
     except ValueError as error:
         parser.error(str(error))
     return args
-
-
-def unknown_words(parser: argparse.ArgumentParser, words: list[str]) -> str | None:
-    """What argparse left unparsed, said in one phrase with the closest known flag for each unknown one (a typo,
-    mostly), or None. A word after an unknown flag is taken as that flag's value and not named again."""
-    known = [option for option in parser._option_string_actions if option.startswith("--")]
-    said, after_flag = [], False
-    for word in words:
-        if word.startswith("-") and len(word) > 1 and not _is_number(word):
-            name = word.split("=", 1)[0]
-            spelled = "--" + name.lstrip("-").replace("-", "_")  # --max-step: compared as --max_step
-            close = _closest(spelled, known)
-            said.append(f"unknown flag {name}" + (f" (did you mean {close}?)" if close else ""))
-            after_flag = "=" not in word
-        elif not after_flag:
-            said.append(f"{word!r} follows no flag that takes it")
-        else:
-            after_flag = False
-    return "; ".join(said) + " (all flags: --help)" if said else None
-
-
-def _closest(name: str, known) -> str | None:
-    """The known flag or setting name that ``name`` most likely misspells, if one is close enough."""
-    return next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None)
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
 
 
 def script_name(prog: str) -> str:

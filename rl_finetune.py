@@ -25,13 +25,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from envs import check_inputs, curriculum_from_args, env_kwargs, make_env
+from envs import EnvSettings, check_inputs, env_kwargs, make_env, training_curriculum
 from envs.curriculum import Curriculum
 from evaluation.evaluate import HeldOutPanel
 from experiment_args import check_resume, run_script
 from rl_algorithms import LEARNERS, Learner, LearnerSettings, UpdateResult
-from rollout import TwoPlayerRollout
-from rollout import Episode, EpisodeStart, RolloutStats
+from rollout import Episode, EpisodeStart, RolloutStats, TwoPlayerRollout
 from utils import checkpoints, complete, distributed, metrics, seeding
 from utils.io import AGAIN, on_full_disk
 
@@ -41,7 +40,9 @@ SCRIPT = "rl_finetune"
 
 def main(args) -> int:
     accelerator = distributed.start()  # under accelerate launch: the process group, made after what would hold it
-    check_inputs(args)  # a bad task file or data root stops the run here, before a model loads or a run folder is made
+    env_settings = EnvSettings.from_args(args)  # what the environments read of the flags
+    # a bad task file or data root stops the run here, before a model loads or a run folder is made
+    check_inputs(env_settings)
     seeding.set_seed(args.seed)  # the same on every rank: a new LoRA must start identical everywhere
     if args.resume_from:
         check_resume(args)
@@ -49,11 +50,11 @@ def main(args) -> int:
                                     reflect=args.use_reflection, trainable=True,
                                     flags=("--resume_from" if args.resume_from else "--load_dir", "--reflect_load_dir"))
     learner = LEARNERS[args.trainer](LearnerSettings.from_args(args), rollout.scorer, accelerator)
-    curriculum = curriculum_from_args(args)
+    curriculum = training_curriculum(env_settings)
     rng = np.random.default_rng([args.seed, accelerator.process_index])  # each rank draws its own episodes
     progress = resume(args, learner, rng, accelerator) if args.resume_from else Progress()
     recorder = Recorder(args, accelerator, progress)
-    envs = [make_env(args.env, **env_kwargs(args, run_dir=recorder.run_dir, labels=rollout.labels))
+    envs = [make_env(args.env, **env_kwargs(env_settings, run_dir=recorder.run_dir, labels=rollout.labels))
             for _ in range(args.per_device_eval_batch_size)]
     play = functools.partial(rollout.run, envs, keep_passes=args.keep_rollout_passes)
     panel = HeldOutPanel(args, recorder.run_dir, rollout.labels) if args.eval_steps else None

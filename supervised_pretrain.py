@@ -177,7 +177,7 @@ def main(args) -> int:
     from utils.sft_callbacks import RunFiles, SkipNonFiniteSteps
 
     seeding.set_seed(args.seed)
-    model, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=args.load_dir)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=args.load_dir)
     dataset = build_dataset(args, tokenizer, texts)
     run_dir = checkpoints.make_run_dir(args, SCRIPT)
     print(f"[supervised_pretrain] output directory: {run_dir}", flush=True)

@@ -58,7 +58,8 @@ def timed(work, runs: int) -> float:
 @torch.no_grad()  # a scoped switch: the caller's grad mode comes back on return
 def main(args, sizes: tuple[int, ...] = SIZES) -> int:
     runs = args.runs if args.runs > 1 else 7  # --runs defaults to 1: too few for a median
-    model, tokenizer = models.load_model_and_tokenizer(args, trainable=False, shrink_head=True)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), trainable=False,
+                                                       shrink_head=True)
     enumeration = PolicyScorer(model, tokenizer, max_seq_length=args.max_seq_length, temperature=1.0)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -19,8 +19,7 @@ import torch
 from envs import make_env
 from envs.taxi import FULL
 from experiment_args import run_script
-from rollout import TwoPlayerRollout
-from rollout import EpisodeStart
+from rollout import EpisodeStart, TwoPlayerRollout
 
 BATCHES = (1, 8, 32)
 

@@ -70,7 +70,7 @@ def train_steps(argv: list[str], at_length: float | None = None) -> dict:
 
     args = parse_args(argv, prog=PROG)
     seeding.set_seed(args.seed)
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     model.train()
     examples = list(sft.build_dataset(args, tokenizer, sft.read_texts(args.task_file)))
     size = args.per_device_train_batch_size

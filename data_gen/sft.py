@@ -46,7 +46,7 @@ def sft_labels(args) -> tuple[str, ...]:
     (``models.load_tokenizer``'s: no such folder, nothing to download ...)."""
     from utils import models
 
-    return models.policy_labels(args)
+    return models.policy_labels(args.model_name)
 
 
 def write_sft_files(records: list[dict], env_cls, out_dir: str | Path, label: str, suffix: str = "",

@@ -42,7 +42,7 @@ from envs.alfworld_problems import _as_trial, find_problems, resolve_data_root
 from envs.base import Outcome, TextEnv, rng_seed
 from envs.curriculum import Curriculum, single_level
 from envs.scratch import process_folder
-from envs.spec import EnvSpec
+from envs.spec import EnvSettings, EnvSpec
 
 logger = logging.getLogger(__name__)
 
@@ -260,23 +260,23 @@ class ALFWorldEnv(TextEnv):
 # --- the registry's view of ALFWorld -----------------------------------------------------------
 
 
-def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
-    return {"data_root": args.alfworld_data, "task": args.alfworld_task,
-            "split": split or ("valid" if evaluation else args.alfworld_split), "expert": args.alfworld_expert,
-            "timeout": args.alfworld_timeout,
+def _settings(settings: EnvSettings, *, evaluation: bool, run_dir, split) -> dict:
+    return {"data_root": settings.alfworld_data, "task": settings.alfworld_task,
+            "split": split or ("valid" if evaluation else settings.alfworld_split),
+            "expert": settings.alfworld_expert, "timeout": settings.alfworld_timeout,
             "block_list": None if run_dir is None else Path(run_dir) / "alfworld_blocklist.txt",
-            "few_data": 0 if evaluation else args.few_data, "history_steps": args.alfworld_history_steps}
+            "few_data": 0 if evaluation else settings.few_data, "history_steps": settings.alfworld_history_steps}
 
 
-def _inputs(args, *, evaluation: bool) -> None:
+def _inputs(settings: EnvSettings, *, evaluation: bool) -> None:
     """The data root, and a problem in the split training (or evaluation) plays."""
-    find_problems(resolve_data_root(args.alfworld_data), "valid" if evaluation else args.alfworld_split,
-                  args.alfworld_task)
+    find_problems(resolve_data_root(settings.alfworld_data), "valid" if evaluation else settings.alfworld_split,
+                  settings.alfworld_task)
 
 
-def _curriculum(args, max_steps: int) -> Curriculum:
+def _curriculum(settings: EnvSettings, max_steps: int) -> Curriculum:
     # The envs draw their problems themselves, skipping any the block list names.
-    return single_level(args.alfworld_task or "alfworld", [{}], max_steps)
+    return single_level(settings.alfworld_task or "alfworld", [{}], max_steps)
 
 
 def family(problem: str | os.PathLike) -> str:
@@ -285,15 +285,16 @@ def family(problem: str | os.PathLike) -> str:
     return re.sub(r"-\d+$", "", Path(problem).parent.name)
 
 
-def _held_out(args, env) -> list[tuple[dict, str]]:
+def _held_out(settings: EnvSettings, env) -> list[tuple[dict, str]]:
     """Every problem of the held-out split (the valid trials), at its family's level."""
     return [({"problem": str(problem)}, family(problem)) for problem in env.problems]
 
 
-def _validation(args, env) -> list[tuple[dict, str]]:
+def _validation(settings: EnvSettings, env) -> list[tuple[dict, str]]:
     """The RL panel's problems: those of the training split (``--alfworld_split``), played at validation seeds,
     never the held-out trials (a family of a few trials, such as the paper's 7, leaves none to split off)."""
-    problems = find_problems(env.data_root, args.alfworld_split, args.alfworld_task) if env.data_root else env.problems
+    problems = (find_problems(env.data_root, settings.alfworld_split, settings.alfworld_task) if env.data_root
+                else env.problems)
     return [({"problem": str(problem)}, family(problem)) for problem in problems]
 
 

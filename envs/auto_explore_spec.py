@@ -16,51 +16,51 @@ from envs.auto_explore_tasks import (
     task_depth,
 )
 from envs.curriculum import Curriculum, single_level
-from envs.spec import EnvSpec
+from envs.spec import EnvSettings, EnvSpec
 
 logger = logging.getLogger(__name__)
 
 
-def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
+def _settings(settings: EnvSettings, *, evaluation: bool, run_dir, split) -> dict:
     # Tasks name their repository relative to --repo_dir (the filtered repositories; None: the default).
-    return {"leaveout_prob": 0.0 if evaluation else args.leaveout_prob, "easy": args.easy,
-            "first_step": args.first_step, "oracle_completion": args.oracle_completion, "repos_dir": args.repo_dir,
-            "cost_rule": args.auto_explore_costs, "sandbox_dir": args.sandbox_dir,
-            "view_tokens": args.auto_explore_view_tokens}
+    return {"leaveout_prob": 0.0 if evaluation else settings.leaveout_prob, "easy": settings.easy,
+            "first_step": settings.first_step, "oracle_completion": settings.oracle_completion,
+            "repos_dir": settings.repo_dir, "cost_rule": settings.auto_explore_costs,
+            "sandbox_dir": settings.sandbox_dir, "view_tokens": settings.auto_explore_view_tokens}
 
 
-def _curriculum(args, max_steps: int) -> Curriculum:
-    tasks = run_tasks(args)
-    tasks = tasks[:args.few_data] if args.few_data else tasks
-    if args.depth_curriculum:
-        return depth_curriculum(tasks, max_steps, args.merge_first_two, args.merge_after_first_k,
-                                args.curriculum_index)
+def _curriculum(settings: EnvSettings, max_steps: int) -> Curriculum:
+    tasks = run_tasks(settings)
+    tasks = tasks[:settings.few_data] if settings.few_data else tasks
+    if settings.depth_curriculum:
+        return depth_curriculum(tasks, max_steps, settings.merge_first_two, settings.merge_after_first_k,
+                                settings.curriculum_index)
     return single_level("all depths", [{"task": t} for t in tasks], max_steps)
 
 
-def _inputs(args, *, evaluation: bool) -> None:
+def _inputs(settings: EnvSettings, *, evaluation: bool) -> None:
     """Training's or evaluation's task file, and the validation panel's (RL with --eval_steps): the tasks they
     leave to play, and every task's repository folder and files (by its index in the file)."""
-    panel = not evaluation and args.eval_steps and args.validation_task_file
+    panel = not evaluation and settings.eval_steps and settings.validation_task_file
     for flag in ("task_file", "validation_task_file") if panel else ("task_file",):
-        path = getattr(args, flag)
-        check_tasks(load_tasks(path, whole_records=True, flag=f"--{flag}"), args.repo_dir, f"--{flag}", path)
-        run_tasks(args, flag)
+        path = getattr(settings, flag)
+        check_tasks(load_tasks(path, whole_records=True, flag=f"--{flag}"), settings.repo_dir, f"--{flag}", path)
+        run_tasks(settings, flag)
 
 
-def _held_out(args, env) -> list[tuple[dict, str]]:
+def _held_out(settings: EnvSettings, env) -> list[tuple[dict, str]]:
     """Every task of ``--task_file``, each at its depth."""
-    return _at_depths(run_tasks(args))
+    return _at_depths(run_tasks(settings))
 
 
-def _validation(args, env) -> list[tuple[dict, str]]:
+def _validation(settings: EnvSettings, env) -> list[tuple[dict, str]]:
     """Every task of ``--validation_task_file``; without it, those of ``--task_file`` (in RL, the training
     tasks, at validation seeds), with a warning."""
-    if not args.validation_task_file:
+    if not settings.validation_task_file:
         logger.warning("the validation panel plays the tasks of --task_file %s (give --validation_task_file, "
-                       "e.g. the split's validate.json, for tasks apart from training's)", args.task_file)
-        return _held_out(args, env)
-    return _at_depths(run_tasks(args, "validation_task_file"))
+                       "e.g. the split's validate.json, for tasks apart from training's)", settings.task_file)
+        return _held_out(settings, env)
+    return _at_depths(run_tasks(settings, "validation_task_file"))
 
 
 def _at_depths(tasks: list[dict]) -> list[tuple[dict, str]]:
@@ -68,12 +68,12 @@ def _at_depths(tasks: list[dict]) -> list[tuple[dict, str]]:
     return [({"task": task}, f"depth {task_depth(task)}") for task in tasks]
 
 
-def _play_options(args, rng) -> dict:
+def _play_options(settings: EnvSettings, rng) -> dict:
     """A task of ``--task_file``, or else a 'Find <file>' task in ``--repo_dir`` (default: data_gen/)."""
-    if args.task_file:
-        tasks = load_tasks(args.task_file)
+    if settings.task_file:
+        tasks = load_tasks(settings.task_file)
         return {"task": tasks[int(rng.integers(len(tasks)))]}
-    return {"task": repo_task(Path(args.repo_dir) if args.repo_dir else DEFAULT_PLAY_REPO, rng)}
+    return {"task": repo_task(Path(settings.repo_dir) if settings.repo_dir else DEFAULT_PLAY_REPO, rng)}
 
 
 # The system message of an API model playing it (evaluation.gpt_agent).

@@ -16,6 +16,7 @@ import numpy as np
 from envs.curriculum import Curriculum, Level, proportional_steps
 from envs.sandbox import SandboxError, file_kind, is_safe_name, quote_path, resolve
 from envs.sandbox_copy import shown_files
+from envs.spec import EnvSettings
 from utils.errors import UsageError
 from utils.io import read_input
 from utils.paths import DATA_DIR, REPO_ROOT
@@ -159,7 +160,7 @@ def task_fields(record: dict) -> dict:
     return {key: record[key] for key in TASK_FIELDS if key in record}
 
 
-def run_tasks(args, flag: str = "task_file") -> list[dict]:
+def run_tasks(settings: EnvSettings, flag: str = "task_file") -> list[dict]:
     """The tasks RL and evaluation play: those of ``--task_file`` (or of the file flag ``flag`` names, e.g.
     ``validation_task_file``), with ``--auto_explore_targets``; without ``--easy``, those with an empty
     question are left out (the paper's code).
@@ -167,9 +168,9 @@ def run_tasks(args, flag: str = "task_file") -> list[dict]:
     ``writer`` (the paper's code): a task's targets are its file and every file the data writer identified
     in the task's trajectories; a task where the writer identified none is left out.
     """
-    path = getattr(args, flag)
-    tasks = _run_tasks(args, path, f"--{flag}")
-    if args.easy:
+    path = getattr(settings, flag)
+    tasks = _run_tasks(settings, path, f"--{flag}")
+    if settings.easy:
         return tasks
     asked = [task for task in tasks if task.get("question") != ""]
     if not asked:
@@ -181,8 +182,8 @@ def run_tasks(args, flag: str = "task_file") -> list[dict]:
     return asked
 
 
-def _run_tasks(args, path, file_flag: str) -> list[dict]:
-    if args.auto_explore_targets == "task":
+def _run_tasks(settings: EnvSettings, path, file_flag: str) -> list[dict]:
+    if settings.auto_explore_targets == "task":
         return load_tasks(path, flag=file_flag)
     flag = "--auto_explore_targets writer"
     records = load_tasks(path, whole_records=True, flag=file_flag)

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from envs import env_kwargs, env_spec, make_env
+from envs import EnvSettings, env_kwargs, env_spec, make_env
 from experiment_args import run_script
 
 
@@ -29,12 +29,13 @@ def choose(policy: str, info: dict, rng: np.random.Generator) -> str | None:
 
 def play(args) -> list[dict]:
     rng = np.random.default_rng(args.seed)
-    env = make_env(args.env, **env_kwargs(args, evaluation=True))
+    settings = EnvSettings.from_args(args)
+    env = make_env(args.env, **env_kwargs(settings, evaluation=True))
     spec = env_spec(args.env)
     outcomes = []
     try:
         for episode in range(args.runs):
-            obs, info = env.reset(seed=int(rng.integers(2**31 - 1)), options=spec.play_options(args, rng))
+            obs, info = env.reset(seed=int(rng.integers(2**31 - 1)), options=spec.play_options(settings, rng))
             print(f"===== episode {episode + 1} =====\n{obs}", flush=True)
             while True:
                 label = choose(args.policy, info, rng)

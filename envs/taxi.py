@@ -34,7 +34,7 @@ import gymnasium
 
 from envs.base import Outcome, TextEnv, rng_seed
 from envs.curriculum import Curriculum, Level, proportional_steps, single_level
-from envs.spec import EnvSpec
+from envs.spec import EnvSettings, EnvSpec
 
 ACTION_NAMES = ("Move south", "Move north", "Move east", "Move west", "Pickup passenger", "Drop off passenger")
 PICKUP, DROPOFF = 4, 5
@@ -305,25 +305,26 @@ def taxi_curriculum(max_steps: int, index: int | None = None) -> Curriculum:
     return curriculum if index is None else curriculum.only(index)
 
 
-def _settings(args, *, evaluation: bool, run_dir, split) -> dict:
-    return {"with_prompt": args.with_prompt, "with_history": args.with_history, "first_step": args.first_step,
-            "oracle_completion": args.oracle_completion, "pickup_reward": args.pickup_reward,
-            "danger_on_first_step": args.danger_on_first_step, "depot_letters": args.taxi_depot_letters}
+def _settings(settings: EnvSettings, *, evaluation: bool, run_dir, split) -> dict:
+    return {"with_prompt": settings.with_prompt, "with_history": settings.with_history,
+            "first_step": settings.first_step, "oracle_completion": settings.oracle_completion,
+            "pickup_reward": settings.pickup_reward, "danger_on_first_step": settings.danger_on_first_step,
+            "depot_letters": settings.taxi_depot_letters}
 
 
-def _curriculum(args, max_steps: int) -> Curriculum:
-    if args.taxi_curriculum:
-        return taxi_curriculum(max_steps, args.curriculum_index)
+def _curriculum(settings: EnvSettings, max_steps: int) -> Curriculum:
+    if settings.taxi_curriculum:
+        return taxi_curriculum(max_steps, settings.curriculum_index)
     return single_level(PLAIN, [{"curriculum": PLAIN}], max_steps)
 
 
-def _held_out(args, env) -> list[tuple[dict, str]]:
+def _held_out(settings: EnvSettings, env) -> list[tuple[dict, str]]:
     """With ``--taxi_curriculum``, every level (or the one ``--curriculum_index`` names); without, the task
     trained (``plain``) and the three levels beside it."""
-    if args.curriculum_index is not None:
-        levels = (CURRICULA[args.curriculum_index],)
+    if settings.curriculum_index is not None:
+        levels = (CURRICULA[settings.curriculum_index],)
     else:
-        levels = CURRICULA if args.taxi_curriculum else (PLAIN,) + CURRICULA
+        levels = CURRICULA if settings.taxi_curriculum else (PLAIN,) + CURRICULA
     return [({"curriculum": level}, level) for level in levels]
 
 
@@ -341,7 +342,7 @@ API_INSTRUCTIONS = (
 
 SPEC = EnvSpec(
     name="taxi", make=DangerousTaxiEnv, settings=_settings, curriculum=_curriculum, held_out=_held_out,
-    play_options=lambda args, rng: {"curriculum": curriculum_at(args.curriculum_index)},
+    play_options=lambda settings, rng: {"curriculum": curriculum_at(settings.curriculum_index)},
     data_steps=("data_gen.taxi.reflection", "data_gen.taxi.brute_force", "data_gen.taxi.gen_sft"),
     own_flags=("with_prompt", "with_history", "taxi_depot_letters", "danger_on_first_step", "pickup_reward",
                "sft_label", "random_prob"),

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 from data_gen.common import Journal, journal_name
-from envs import EnvPool, env_kwargs, make_env
-from evaluation.evaluate import save_results, success_name, summarise, test_episodes
+from envs import EnvPool, EnvSettings, env_kwargs, make_env
+from evaluation.episodes import test_episodes
 from evaluation.gpt_agent import api_instructions, as_episode, play_episode
+from evaluation.report import save_results, success_name, summarise
 from rollout import EpisodeStart
 from utils import checkpoints
 from utils.io import write_jsonl
@@ -38,12 +39,12 @@ def run_gpt_evaluation(args, script: str, reps: int) -> int:
 
 def _evaluate(args, script: str, reps: int) -> int:
     client = make_client(args)
-    pool = EnvPool(lambda: make_env(args.env, **env_kwargs(args, evaluation=True)))
+    pool = EnvPool(lambda: make_env(args.env, **env_kwargs(EnvSettings.from_args(args), evaluation=True)))
     try:
         with pool.env() as env:
             starts = test_episodes(args, env, reps)
         # The journal is the model's (api, name), not the address's: a restarted server resumes it.
-        settings = (args.env, sorted(env_kwargs(args, evaluation=True).items()),
+        settings = (args.env, sorted(env_kwargs(EnvSettings.from_args(args), evaluation=True).items()),
                     [episode_key(start) for start in starts], api_instructions(args.env), args.gpt_protocol)
         journal = Journal(args.ckpt_path, journal_name(script, f"{args.api}-{args.model}", args.seed, *settings))
 

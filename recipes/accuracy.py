@@ -6,13 +6,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from envs import env_kwargs, make_env
-from evaluation import evaluate
+from envs import EnvSettings, env_kwargs, make_env
+from evaluation.episodes import test_episodes, validation_episodes
+from evaluation.evaluate import evaluate_config
 from utils import models
 
 # The episodes a reflector can be judged on: the held-out ones (the runner's report) or the validation ones
 # (choices, such as its SFT budget: ``demo.py --check_reflectors``).
-SPLITS = {"held-out": evaluate.test_episodes, "validation": evaluate.validation_episodes}
+SPLITS = {"held-out": test_episodes, "validation": validation_episodes}
 
 
 def reflector_accuracy(advised_command: Callable[[str | None], str | None]) -> Callable[..., dict]:
@@ -22,12 +23,12 @@ def reflector_accuracy(advised_command: Callable[[str | None], str | None]) -> C
     share of episodes whose every judged advice was right, episodes]."""
 
     def accuracy(recipe, eval_args, config: dict, split: str = "held-out") -> dict[str, list]:
-        labels = models.policy_labels(eval_args)
-        envs = [make_env(eval_args.env, **env_kwargs(eval_args, evaluation=True, labels=labels))
+        labels = models.policy_labels(eval_args.model_name)
+        envs = [make_env(eval_args.env, **env_kwargs(EnvSettings.from_args(eval_args), evaluation=True, labels=labels))
                 for _ in range(eval_args.per_device_eval_batch_size)]
         try:
             starts = SPLITS[split](eval_args, envs[0], recipe.budget["accuracy_episodes"])
-            episodes = evaluate.evaluate_config(eval_args, config, envs, starts)["episodes"]
+            episodes = evaluate_config(eval_args, config, envs, starts)["episodes"]
         finally:
             for env in envs:
                 env.close()

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from rl_algorithms.losses import ValueHead, cost_to_go, value_loss
-from rollout import PolicyScorer, entropy_of
-from rollout import Decision, Episode, EpisodeStart
+from rollout import Decision, Episode, EpisodeStart, PolicyScorer, entropy_of
 from utils.lm_head import base_model
 from utils.models import device, finite_gradients
 

@@ -38,7 +38,9 @@ from prompts import policy_prompt, reflection_prompt
 from rollout.policy import Choice, PolicyScorer, _device, entropy_of
 from rollout.records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
 from rollout.reflector import ReflectionMemo, ReflectorGeneration
-from utils import checkpoints, log_filters, models
+from utils import log_filters, models
+from utils.checkpoint_checks import CheckSettings, check_checkpoint
+from utils.checkpoints import POLICY, REFLECTOR
 from utils.kv_cache import PrefixKV
 from utils.packed_weights import PackedWeights
 from utils.packed_weights import available as packed_weights_available
@@ -97,15 +99,17 @@ class TwoPlayerRollout(ReflectorGeneration):
         default ``--shrink_head``) and, when ``reflect``, the frozen reflector from ``reflect_dir``
         (``--reflect_model_name``; without a folder, the untuned base model, with a warning).
 
-        Each folder is checked first (``checkpoints.check_checkpoint``: a checkpoint of the player it is
-        loaded as, fit for this run's settings); a bad one stops the run with one line naming its
-        ``flags`` entry (where it came from: ``--load_dir``, ``--resume_from``, an evaluation entry)."""
+        Each folder is checked first (``utils.checkpoint_checks.check_checkpoint``: a checkpoint of the player
+        it is loaded as, fit for this run's settings); a bad one stops the run with one line naming its
+        ``flags`` entry (where it came from: ``--load_dir``, ``--resume_from``, an evaluation entry).
+        What the checks and the loader read of ``args`` is taken from it here, once for both players."""
+        checks, loader = CheckSettings.from_args(args), models.ModelSettings.from_args(args)
         if policy_dir is not None:
-            checkpoints.check_checkpoint(args, policy_dir, checkpoints.POLICY, flags[0])
+            check_checkpoint(checks, policy_dir, POLICY, flags[0])
         if reflect and reflect_dir is not None:
-            checkpoints.check_checkpoint(args, reflect_dir, checkpoints.REFLECTOR, flags[1])
+            check_checkpoint(checks, reflect_dir, REFLECTOR, flags[1])
         shrink_head = args.shrink_head if shrink_head is None else shrink_head
-        policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=policy_dir, trainable=trainable,
+        policy, tokenizer = models.load_model_and_tokenizer(loader, adapter_dir=policy_dir, trainable=trainable,
                                                            shrink_head=shrink_head)
         policy.eval()  # no dropout: the log-probs of an update equal those of the rollout
         reflector, reflect_tokenizer = None, None
@@ -113,7 +117,7 @@ class TwoPlayerRollout(ReflectorGeneration):
             if reflect_dir is None:
                 logger.warning("--reflect without --reflect_load_dir: reflections come from the untuned base model")
             reflector, reflect_tokenizer = models.load_model_and_tokenizer(
-                args, model_name=args.reflect_model_name, adapter_dir=reflect_dir, trainable=False)
+                loader, model_name=args.reflect_model_name, adapter_dir=reflect_dir, trainable=False)
         return cls.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
 
     @classmethod

@@ -32,7 +32,7 @@ if not FIXTURE.is_dir() or not TOMATO.is_dir():
 
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from envs import env_kwargs, make_env  # noqa: E402
+from envs import EnvSettings, env_kwargs, make_env  # noqa: E402
 from envs.alfworld import ALFWorldEnv  # noqa: E402
 from envs.alfworld_problems import find_problems, split_names  # noqa: E402
 from prompts import LABELS  # noqa: E402
@@ -120,14 +120,14 @@ def test_problem_discovery_and_layouts(tmp_path, monkeypatch):
 
 
 def test_env_kwargs_builds_alfworld(make_args):
-    args = make_args(env="alfworld", alfworld_data=str(TOMATO))
-    train_env = make_env("alfworld", **env_kwargs(args))
-    eval_env = make_env("alfworld", **env_kwargs(args, evaluation=True))
+    settings = EnvSettings.from_args(make_args(env="alfworld", alfworld_data=str(TOMATO)))
+    train_env = make_env("alfworld", **env_kwargs(settings))
+    eval_env = make_env("alfworld", **env_kwargs(settings, evaluation=True))
     assert isinstance(train_env, ALFWorldEnv) and train_env.horizon == ALFWorldEnv.default_horizon
     assert len(train_env.problems) == 7 and len(eval_env.problems) == 4
-    few = make_env("alfworld", **env_kwargs(make_args(env="alfworld", alfworld_data=str(TOMATO), few_data=2)))
-    few_eval = make_env("alfworld", **env_kwargs(make_args(env="alfworld", alfworld_data=str(TOMATO), few_data=2),
-                                                 evaluation=True))
+    few_data = EnvSettings.from_args(make_args(env="alfworld", alfworld_data=str(TOMATO), few_data=2))
+    few = make_env("alfworld", **env_kwargs(few_data))
+    few_eval = make_env("alfworld", **env_kwargs(few_data, evaluation=True))
     assert few.problems == train_env.problems[:2], "--few_data: the first N training games, in path order"
     assert few_eval.problems == eval_env.problems, "--few_data leaves evaluation alone"
     for env in (train_env, eval_env, few, few_eval):
@@ -512,13 +512,12 @@ def test_the_memoised_engine_on_a_real_game_is_exact(tmp_path, monkeypatch):
 def test_a_batch_plays_its_games_side_by_side_with_the_same_episodes(make_args, monkeypatch):
     """A batch of ALFWorld episodes waits on its worker processes at once (rollout._pool); the episodes are
     those of playing the envs one after the other."""
+    from rollout import EpisodeStart, TwoPlayerRollout
     from rollout import episodes as rollout_module
-    from rollout import TwoPlayerRollout
-    from rollout import EpisodeStart
     from utils import models
 
     args = make_args()
-    policy, tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), trainable=False)
     player = TwoPlayerRollout.from_args(args, policy, tokenizer)
     envs = [ALFWorldEnv(problems=[FIXTURE], horizon=6, labels=player.labels) for _ in range(3)]
     starts = [EpisodeStart(seed=seed, options={}) for seed in (4, 5, 6)]

@@ -38,7 +38,7 @@ def _save_model(folder, digit_model, config_name: str, **extra):
 def test_lora_and_label_head_on_the_architecture(architecture, digit_model, make_args, tmp_path):
     path = _save_model(tmp_path / architecture, digit_model, ARCHITECTURES[architecture])
     args = make_args(model_name=path, max_seq_length=512)
-    model, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
     assert model.config.model_type == architecture
     assert tokenizer.pad_token == tokenizer.eos_token and tokenizer.model_max_length == 1024
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -60,14 +60,14 @@ def test_lora_and_label_head_on_the_architecture(architecture, digit_model, make
 def test_an_architecture_without_default_lora_targets_names_the_flag(digit_model, make_args, tmp_path):
     path = _save_model(tmp_path / "phi3", digit_model, "Phi3Config", pad_token_id=None)
     with pytest.raises(ValueError, match="--lora_target_modules") as error:
-        models.load_model_and_tokenizer(make_args(model_name=path, max_seq_length=512))
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(model_name=path, max_seq_length=512)))
     assert "phi3" in str(error.value) and "\n" not in str(error.value)
-    model, _ = models.load_model_and_tokenizer(make_args(model_name=path, max_seq_length=512,
-                                                         lora_target_modules=["qkv_proj"]))
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(
+        model_name=path, max_seq_length=512, lora_target_modules=["qkv_proj"])))
     assert any("lora_" in name for name, _ in model.named_parameters())
 
 
 def test_max_seq_length_beyond_the_models_positions_is_refused(digit_model, make_args, tmp_path):
     path = _save_model(tmp_path / "llama", digit_model, "LlamaConfig")
     with pytest.raises(ValueError, match="--max_seq_length=2048 exceeds the 1024 positions"):
-        models.load_model_and_tokenizer(make_args(model_name=path, max_seq_length=2048))
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(model_name=path, max_seq_length=2048)))

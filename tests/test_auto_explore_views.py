@@ -65,12 +65,12 @@ def test_cat_token_cap(repo):
 def test_a_smaller_view_for_shorter_observations(repo):
     """--auto_explore_view_tokens: the recipe's shorter file views, in every view command and in the env
     that env_kwargs builds."""
-    from envs import env_kwargs
+    from envs import EnvSettings, env_kwargs
     from experiment_args import ScriptArguments, parse_args
 
     write(repo / "big.py", "".join(f"value_{i} = {i}\n" for i in range(400)))
     args = parse_args(["--env=auto_explore", "--auto_explore_view_tokens=12"])
-    kwargs = env_kwargs(args, evaluation=True)  # no leave-out
+    kwargs = env_kwargs(EnvSettings.from_args(args), evaluation=True)  # no leave-out
     env = AutoExploreEnv(tasks=[make_task(repo)], **{k: v for k, v in kwargs.items() if k != "repos_dir"})
     env.reset(seed=0)
     *body, note = cat(env, "big.py").splitlines()

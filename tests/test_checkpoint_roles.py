@@ -12,6 +12,7 @@ from evaluation import evaluate
 from experiment_args import ScriptArguments, run_script
 from prompts import policy_sft_text, reflection_sft_text
 from utils import checkpoints, models
+from utils.checkpoint_checks import CheckSettings, check_checkpoint, checkpoint_problems
 from utils.checkpoints import POLICY, REFLECTOR, RL_POLICY, SFT, CheckpointRole
 
 HEAD = "The actions you can take now is:"
@@ -19,11 +20,16 @@ OBS = f"--- Current State ---\n+---+\n|T P|\n+---+\n{HEAD}\n0. Move south\n1. Mo
 SFT_POLICY, SFT_REFLECTOR = CheckpointRole(POLICY, SFT), CheckpointRole(REFLECTOR, SFT)
 
 
+def _checks(**flags) -> CheckSettings:
+    """What a run of the tiny model with ``flags`` checks a checkpoint against."""
+    return CheckSettings.from_args(ScriptArguments(model_name="tiny-gpt2", **flags))
+
+
 def role_checkpoint(folder, role: CheckpointRole | None, **settings) -> str:
     """A tiny-gpt2 checkpoint saved as ``role`` (None: without role.json, as before they were written) by a
     run of ``settings`` (Taxi by default)."""
     args = ScriptArguments(**{"model_name": "tiny-gpt2", "env": "taxi", **settings})
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     checkpoints.save_checkpoint(folder, model=model, tokenizer=tokenizer, args=args, step=1, role=role)
     if role is None:
         (folder / checkpoints.ROLE_FILE).unlink()
@@ -65,7 +71,7 @@ def test_sft_records_what_its_data_trains(tmp_path):
 
 def test_rl_checkpoints_are_rl_policies(tmp_path):
     args = ScriptArguments(model_name="tiny-gpt2")
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     checkpoints.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=1)  # RL's call
     assert checkpoints.read_role(tmp_path / "c") == RL_POLICY
     (tmp_path / "c" / checkpoints.ROLE_FILE).unlink()  # as before role.json: our trainer state says RL
@@ -83,12 +89,13 @@ def test_old_checkpoints_roles_are_inferred_from_their_run(tmp_path, caplog):
     assert checkpoints.read_role(by_folder) == RL_POLICY
     # a bare adapter (no role.json, no run): not checked, said once however often it is checked
     bare = tmp_path / "bare"
-    models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"))[0].save_pretrained(bare)
+    tiny = models.ModelSettings.from_args(ScriptArguments(model_name="tiny-gpt2"))
+    models.load_model_and_tokenizer(tiny)[0].save_pretrained(bare)
     assert checkpoints.read_role(bare) is None
-    args = ScriptArguments(model_name="tiny-gpt2", env="taxi")
+    checks = _checks(env="taxi")
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
-            checkpoints.check_checkpoint(args, bare, POLICY, "--load_dir")
+            check_checkpoint(checks, bare, POLICY, "--load_dir")
     said = [r.getMessage() for r in caplog.records if "role.json" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"--load_dir {str(bare)!r} has no role.json")
 
@@ -146,7 +153,7 @@ def test_a_run_folder_given_as_a_checkpoint_names_its_newest(players, tmp_path):
     run = tmp_path / "7_supervised_pretrain"
     for step in (5, 10):
         role_checkpoint(run / f"checkpoint-{step}", SFT_POLICY)
-    errors, _ = checkpoints.checkpoint_problems(ScriptArguments(model_name="tiny-gpt2", env="taxi"), run, POLICY)
+    errors, _ = checkpoint_problems(_checks(env="taxi"), run, POLICY)
     assert errors == [f"is a run folder, not a checkpoint: give one of its checkpoints, e.g. the newest whole one, "
                       f"{run / 'checkpoint-10'}"]
 
@@ -172,18 +179,16 @@ def test_taxi_checkpoint_of_other_reading_settings_warns_naming_both_values(play
 
 def test_another_env_or_text_layout_is_an_error_and_sft_settings_are_not_compared(players, tmp_path):
     trained = role_checkpoint(tmp_path / "c", RL_POLICY, text_layout="paper")
-    errors, warnings = checkpoints.checkpoint_problems(ScriptArguments(model_name="tiny-gpt2", env="alfworld"),
-                                                       trained, POLICY)
+    errors, warnings = checkpoint_problems(_checks(env="alfworld"), trained, POLICY)
     assert errors == ["was trained reading another environment or text layout: --env='taxi' there, 'alfworld' "
                       "here; --text_layout='paper' there, 'ours' here"] and warnings == []
     # SFT reads a data file: the environment flags in its setting.yml are not those of its data
     sft_policy = role_checkpoint(tmp_path / "s", SFT_POLICY, with_history=True, env="auto_explore")
-    assert checkpoints.checkpoint_problems(ScriptArguments(model_name="tiny-gpt2", env="taxi"), sft_policy,
-                                           POLICY) == ([], [])
+    assert checkpoint_problems(_checks(env="taxi"), sft_policy, POLICY) == ([], [])
 
 
 def test_a_reflector_is_compared_with_its_own_base_model(players):
-    args = ScriptArguments(model_name="tiny-gpt2", env="taxi", reflect_model_name="gpt2")
-    errors, warnings = checkpoints.checkpoint_problems(args, players["reflector"], REFLECTOR)
+    checks = _checks(env="taxi", reflect_model_name="gpt2")
+    errors, warnings = checkpoint_problems(checks, players["reflector"], REFLECTOR)
     assert errors == [] and warnings == ["was trained on --model_name='tiny-gpt2', and is loaded here on 'gpt2'"]
-    assert checkpoints.checkpoint_problems(args, players["policy"], POLICY) == ([], [])
+    assert checkpoint_problems(checks, players["policy"], POLICY) == ([], [])

@@ -62,7 +62,7 @@ def test_a_model_load_says_where_and_in_what_it_computes_once(make_args, caplog,
 
     caplog.set_level(logging.INFO)
     for _ in range(2):
-        models.load_model_and_tokenizer(make_args(), trainable=False)
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), trainable=False)
     lines = [r for r in caplog.records if r.getMessage().startswith("compute: ")]
     if torch.cuda.is_available():
         assert len(lines) == 1

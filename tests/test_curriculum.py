@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from envs import curriculum_from_args
+from envs import EnvSettings, training_curriculum
 from envs.auto_explore import AutoExploreEnv
 from envs.auto_explore_tasks import depth_curriculum, run_tasks, task_depth
 from envs.curriculum import proportional_steps
@@ -80,9 +80,9 @@ def task_file(tmp_path):
 
 
 def test_writer_targets_add_the_files_the_writer_identified_and_drop_tasks_with_none(make_args, task_file):
-    assert [t["filename"] for t in run_tasks(make_args(task_file=str(task_file)))] == ["src/a.py", "b.py",
-                                                                                       "x/y/c.py"]
-    tasks = run_tasks(make_args(task_file=str(task_file), auto_explore_targets="writer"))
+    tasks = run_tasks(EnvSettings.from_args(make_args(task_file=str(task_file))))
+    assert [t["filename"] for t in tasks] == ["src/a.py", "b.py", "x/y/c.py"]
+    tasks = run_tasks(EnvSettings.from_args(make_args(task_file=str(task_file), auto_explore_targets="writer")))
     assert [t["filename"] for t in tasks] == [["src/a.py", "docs/a.md"], ["x/y/c.py", "x/z.py"]]
     assert [task_depth(t) for t in tasks] == [1, 2], "a task's depth stays its own file's"
     assert all("trajectories" not in t for t in tasks)
@@ -92,7 +92,8 @@ def test_a_writer_file_is_a_target_the_env_accepts(make_args, tmp_path):
     repo = build_repo(tmp_path / "repo")
     record = {**make_task(repo, filename=TARGET), "trajectories": [_trajectory("main.py")]}
     (tmp_path / "t.json").write_text(json.dumps([record]))
-    (task,) = run_tasks(make_args(task_file=str(tmp_path / "t.json"), auto_explore_targets="writer"))
+    (task,) = run_tasks(EnvSettings.from_args(make_args(task_file=str(tmp_path / "t.json"),
+                                                        auto_explore_targets="writer")))
     env = AutoExploreEnv(tasks=[task])
     env.reset(seed=0)
     (outcome,) = run(env, ["id main.py"])
@@ -104,16 +105,16 @@ def test_writer_targets_need_trajectories_and_an_identified_file(make_args, tmp_
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps([make_task("repo", filename="a.py")]))
     with pytest.raises(ValueError, match="--auto_explore_targets writer: --task_file .*bare.json holds no traj"):
-        run_tasks(make_args(task_file=str(bare), auto_explore_targets="writer"))
+        run_tasks(EnvSettings.from_args(make_args(task_file=str(bare), auto_explore_targets="writer")))
     none = tmp_path / "none.json"
     none.write_text(json.dumps([{**make_task("repo", filename="a.py"), "trajectories": [_trajectory(None)]}]))
     with pytest.raises(ValueError, match="the writer identified no file in any task"):
-        run_tasks(make_args(task_file=str(none), auto_explore_targets="writer"))
+        run_tasks(EnvSettings.from_args(make_args(task_file=str(none), auto_explore_targets="writer")))
 
 
 def test_few_data_trains_on_the_first_tasks_only(make_args, task_file):
     args = make_args(env="auto_explore", task_file=str(task_file), few_data=2, max_steps=4)
-    (level,) = curriculum_from_args(args).levels
+    (level,) = training_curriculum(EnvSettings.from_args(args)).levels
     assert [o["task"]["filename"] for o in level.options] == ["src/a.py", "b.py"]
     with pytest.raises(ValueError, match="--few_data: is for --env=alfworld or auto_explore, got --env=taxi"):
         make_args(env="taxi", few_data=2)
@@ -121,7 +122,7 @@ def test_few_data_trains_on_the_first_tasks_only(make_args, task_file):
 
 def test_curriculum_steps_trains_the_first_levels_for_the_iterations_given(make_args):
     args = make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[2, 3], max_steps=5)
-    curriculum = curriculum_from_args(args)
+    curriculum = training_curriculum(EnvSettings.from_args(args))
     assert [level.name for level in curriculum.levels] == ["pickup", "dropoff"] and curriculum.steps == [2, 3]
     assert [curriculum.level_at(i) for i in range(5)] == [0, 0, 1, 1, 1]
     with pytest.raises(ValueError, match=r"--curriculum_steps: \[2, 3\] sum to 5, but --max_steps is 6"):
@@ -133,7 +134,8 @@ def test_curriculum_steps_trains_the_first_levels_for_the_iterations_given(make_
     with pytest.raises(ValueError, match="one count of at least 1 per level"):
         make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[2, 0], max_steps=2)
     with pytest.raises(ValueError, match="--curriculum_steps: 4 counts, but the curriculum has 3 levels"):
-        curriculum_from_args(make_args(env="taxi", taxi_curriculum=True, curriculum_steps=[1, 1, 1, 1], max_steps=4))
+        training_curriculum(EnvSettings.from_args(make_args(env="taxi", taxi_curriculum=True,
+                                                            curriculum_steps=[1, 1, 1, 1], max_steps=4)))
 
 
 @pytest.mark.parametrize("mode", ["separate", "joint"])

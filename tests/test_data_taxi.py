@@ -160,8 +160,7 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     """The policy sees at RL time exactly the prompt it was fine-tuned on, for the same state."""
     import numpy as np
 
-    from rollout import TwoPlayerRollout
-    from rollout import Decision, EpisodeStart
+    from rollout import Decision, EpisodeStart, TwoPlayerRollout
     from utils import models
 
     records = _run(make_args, tmp_path, num_episodes=1)
@@ -170,7 +169,7 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     policy_text = json.loads((tmp_path / "sft_policy.jsonl").read_text().splitlines()[0])["text"]
     first = records[0]
     seed = rng_seed(item_rng(make_args().seed, "taxi", 0))
-    policy, tokenizer = models.load_model_and_tokenizer(make_args(), shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), shrink_head=True)
     env = make_env("taxi")
 
     episode = TwoPlayerRollout(policy, tokenizer).run([env], [EpisodeStart(seed, {})], np.random.default_rng(0))[0]
@@ -179,7 +178,8 @@ def test_sft_prompts_equal_what_the_rollout_shows(make_args, tmp_path):
     # With reflection: the rollout reuses the recorded reflection at step 0 (as a REFUEL branch does).
     recorded = Decision(obs=first["state"], prompt="", valid=[], action=0, logprob=0.0, entropy=0.0,
                         reflection=first["reflection"])
-    reflector, reflect_tokenizer = models.load_model_and_tokenizer(make_args(), trainable=False)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()),
+                                                                   trainable=False)
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer)
     episode = rollout.run([env], [EpisodeStart(seed, {}, replay=[recorded])], np.random.default_rng(0))[0]
     assert episode.decisions[0].prompt == policy_text[: -len(first["taken"])]

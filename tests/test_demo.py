@@ -15,7 +15,7 @@ import yaml
 
 import data_gen.taxi.reflection
 import demo
-from evaluation import evaluate
+from evaluation import episodes, evaluate
 from recipes import RECIPES
 from recipes.taxi_pickup import RECIPE as TAXI
 from runner import stages
@@ -34,14 +34,14 @@ ONE_PROCESS = ("--workers", "1")
 def small(monkeypatch):
     monkeypatch.setitem(RECIPES, TAXI.name, TAXI.smoke())  # demo.py --profile smoke
     evaluated = []
-    real = evaluate.test_episodes
+    real = episodes.test_episodes
 
     def recording(args, env, reps, level_episodes=0):
         starts = real(args, env, reps, level_episodes)
         evaluated.append([(s.seed, s.options) for s in starts])
         return starts
 
-    monkeypatch.setattr(evaluate, "test_episodes", recording)
+    monkeypatch.setattr(evaluate, "test_episodes", recording)  # where evaluate.run looks it up
     return evaluated
 
 
@@ -97,7 +97,7 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     assert [r["state"] for r in data[0]] != [r["state"] for r in data[1]]
     finals = [starts for starts in small if len(starts) == 4]
     assert len(finals) == 2 and finals[0] == finals[1]
-    assert all(seed >= evaluate.HELD_OUT_SEED for starts in small for seed, _ in starts)
+    assert all(seed >= episodes.HELD_OUT_SEED for starts in small for seed, _ in starts)
 
     # seed 0 again with its results lost, in two processes: its finished stages are kept (their commands are
     # the same), its evaluation rows are shared out anew over two processes (another list of rows for

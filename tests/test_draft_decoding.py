@@ -10,9 +10,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from envs import make_env
-from rollout import TwoPlayerRollout
-from rollout import pad_left
-from rollout import EpisodeStart
+from rollout import EpisodeStart, TwoPlayerRollout, pad_left
 from utils import models
 from utils.draft_decoding import MAX_NGRAM, DraftStats, draft_after, draft_source, greedy_with_drafts
 from utils.kv_cache import PrefixKV
@@ -134,7 +132,7 @@ def players():
     from experiment_args import ScriptArguments
 
     args = ScriptArguments(model_name="tiny-gpt2", load_in_8bit=False, bf16=False)
-    policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
     policy.eval()
     torch.manual_seed(1)
     config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=1024,

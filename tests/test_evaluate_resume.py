@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from evaluation import evaluate
+from evaluation.configs import load_configs
+from evaluation.report import markdown_table, summarise
 from experiment_args import parse_args, run_script
 from rollout import Episode
 from tests.conftest import REPO
@@ -99,7 +101,7 @@ def test_eval_load_list_that_is_no_list_is_one_line(case, says, tmp_path, monkey
 def test_load_dir_beside_the_in_code_list_is_said_to_be_ignored(players, make_args, caplog):
     args = make_args(env="taxi", load_dir=players["reflector"])  # not even a policy: it is not looked at
     with caplog.at_level(logging.WARNING):
-        configs = evaluate.load_configs(args, [{"env": "taxi", "name": "listed", "load_dir": players["policy"]}])
+        configs = load_configs(args, [{"env": "taxi", "name": "listed", "load_dir": players["policy"]}])
     assert [c["name"] for c in configs] == ["listed"]
     assert any("--load_dir and --reflect_load_dir are ignored: EVAL_LOAD_LIST" in r.getMessage() for r in caplog.records)
 
@@ -111,20 +113,20 @@ def test_entries_that_share_a_name_are_refused_and_unnamed_ones_name_their_refle
     args = make_args(env="taxi")
     plain, reflecting = {"load_dir": players["policy"]}, {"load_dir": players["policy"],
                                                          "reflect_load_dir": players["reflector"]}
-    configs = evaluate.load_configs(args, [plain, reflecting, {"load_dir": "base"}])
+    configs = load_configs(args, [plain, reflecting, {"load_dir": "base"}])
     assert [c["name"] for c in configs] == [players["policy"], f"{players['policy']} + reflector {players['reflector']}",
                                             "base model"]
     listed = [{"name": "SFT", **plain}, {"name": "RL", **plain}, {"name": "SFT", **reflecting},
               {"name": "RL", "load_dir": "base"}]
     with pytest.raises(UsageError) as refused:
-        evaluate.load_configs(args, listed)
+        load_configs(args, listed)
     assert str(refused.value) == ("no evaluation configuration was played: configurations 1 and 3 share the name "
                                   "'SFT'; give each its own (name: ...); configurations 2 and 4 share the name 'RL'; "
                                   "give each its own (name: ...)")
     with pytest.raises(UsageError, match=r"^1 of the 3 evaluation configurations cannot run, so none was played: "
                                          r"configuration 3 \(x\): unknown keys \['bad'\].*; configurations 1 and 2 "
                                          r"share the name 'SFT'"):
-        evaluate.load_configs(args, [{"name": "SFT", **plain}, {"name": "SFT", "load_dir": "base"},
+        load_configs(args, [{"name": "SFT", **plain}, {"name": "SFT", "load_dir": "base"},
                                      {"name": "x", "load_dir": "base", "bad": 1}])
 
 
@@ -221,9 +223,9 @@ def test_a_finished_run_leaves_no_journal_and_a_retrained_checkpoint_is_played_a
 def test_levels_are_listed_in_the_order_of_the_held_out_units():
     episodes = [Episode(seed=i, options={}, level=level, success=i % 2 == 0, cost=1.0)
                 for i, level in enumerate(["pickup", "pickup", "dropoff", "full"])]
-    summary = evaluate.summarise(episodes)
+    summary = summarise(episodes)
     assert list(summary) == ["pickup", "dropoff", "full", "all"]
-    header = evaluate.markdown_table([{"name": "x", "levels": summary}]).splitlines()[0]
+    header = markdown_table([{"name": "x", "levels": summary}]).splitlines()[0]
     assert header.index("pickup") < header.index("dropoff") < header.index("full")
 
 

@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from evaluation import auto_explore_gpt, evaluate, evaluate_gpt
+from evaluation.configs import load_configs
 from evaluation.gpt_agent import ANSWER_RULE, REACT_RULE, REFLECT_RULE, parse_choice
 from tests.openai_server import OpenAIServer
 from utils import metrics, models
@@ -14,7 +15,7 @@ from visualization import plot
 
 
 def _adapter(make_args, path, seed):
-    model, _ = models.load_model_and_tokenizer(make_args())
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -56,11 +57,11 @@ def test_yaml_list_and_cli_fallback(make_args, tmp_path, capsys):
 def test_bad_configurations_are_named(make_args, tmp_path):
     args = make_args(env="taxi")
     with pytest.raises(ValueError, match="unknown keys"):
-        evaluate.load_configs(args, [{"env": "taxi", "loaddir": "x"}])
+        load_configs(args, [{"env": "taxi", "loaddir": "x"}])
     with pytest.raises(ValueError, match="is for env 'alfworld'"):
-        evaluate.load_configs(args, [{"env": "alfworld", "load_dir": None}])
+        load_configs(args, [{"env": "alfworld", "load_dir": None}])
     with pytest.raises(ValueError, match="--eval_load_list"):
-        evaluate.load_configs(make_args(env="taxi", eval_load_list=str(tmp_path / "none.yaml")), [])
+        load_configs(make_args(env="taxi", eval_load_list=str(tmp_path / "none.yaml")), [])
 
 
 def test_same_episodes_for_every_configuration(make_args, tmp_path):

@@ -22,14 +22,15 @@ def test_the_defaults_load_the_base_in_eight_bits_with_a_bfloat16_lora_on_the_gp
 
     args = make_args()
     assert args.load_in_8bit and args.bf16  # kept: a CUDA device is present
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     assert _quantised(model, "Linear8bitLt"), "the base model was not quantised"
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert trainable and all(p.device.type == "cuda" for p in trainable)
     batch = tokenizer(["The taxi is at"], return_tensors="pt").to(models.device())
     for said in logging.getLogger(log_filters.BNB_CAST_LOGGER).filters:  # lines an earlier load said: said again here
         said.said.clear()
-    with caplog.at_level(logging.WARNING), torch.autocast("cuda", dtype=models.compute_dtype(args)):
+    dtype = models.compute_dtype(models.ModelSettings.from_args(args))
+    with caplog.at_level(logging.WARNING), torch.autocast("cuda", dtype=dtype):
         for _ in range(3):
             loss = model(**batch, labels=batch["input_ids"]).loss
     loss.backward()

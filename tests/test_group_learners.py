@@ -17,9 +17,7 @@ from experiment_args import ScriptArguments, parse_args, run_script
 from rl_algorithms import LEARNERS, LearnerSettings
 from rl_algorithms.gigpo import anchor_groups, discounted_returns
 from rl_algorithms.group import EPS, group_members, group_relative, leave_one_out
-from rollout import TwoPlayerRollout
-from rollout import PolicyScorer
-from rollout import Decision, Episode
+from rollout import Decision, Episode, PolicyScorer, TwoPlayerRollout
 from utils import checkpoints, metrics, models
 
 
@@ -33,7 +31,8 @@ def _episode(group, rewards, states=None, logprob=-1.0):
 @pytest.fixture(scope="module")
 def scorer():
     torch.manual_seed(0)
-    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), shrink_head=True)
+    tiny = models.ModelSettings.from_args(ScriptArguments(model_name="tiny-gpt2"))
+    policy, tokenizer = models.load_model_and_tokenizer(tiny, shrink_head=True)
     policy.eval()
     return PolicyScorer(policy, tokenizer, 256, 1.0)
 
@@ -50,7 +49,7 @@ def _learner(name, scorer, **flags):
 def test_a_groups_episodes_share_their_start_and_differ_in_their_sampling():
     args = ScriptArguments(model_name="tiny-gpt2")
     torch.manual_seed(0)
-    policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
     with torch.no_grad():
         for name, p in policy.named_parameters():
             if "lora_B" in name:

@@ -106,11 +106,10 @@ def test_label_file_mismatch_names_both_sides(tmp_path, digit_tokenizer):
 
 
 def test_rollout_refuses_envs_with_other_labels(digit_model, make_args):
-    from rollout import TwoPlayerRollout
-    from rollout import EpisodeStart
+    from rollout import EpisodeStart, TwoPlayerRollout
 
     args = make_args(model_name=digit_model)
-    policy, tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), trainable=False)
     rollout = TwoPlayerRollout.from_args(args, policy, tokenizer)
     import numpy as np
 
@@ -219,15 +218,15 @@ def test_entry_points_stop_with_one_line(case, digit_model, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("name", ["gpt2-xl", "openai-community/gpt2", "distilgpt2"])
-def test_gpt2_hub_models_use_the_papers_labels_without_a_download(name, make_args, monkeypatch):
+def test_gpt2_hub_models_use_the_papers_labels_without_a_download(name, monkeypatch):
     def no_hub(*args, **kwargs):
         raise AssertionError("the tokenizer should not be loaded")
 
     monkeypatch.setattr(models, "load_tokenizer", no_hub)
-    assert models.policy_labels(make_args(model_name=name)) == LABELS
+    assert models.policy_labels(name) == LABELS
 
 
-def test_a_models_labels_are_read_once_while_its_tokenizer_files_stay(digit_model, make_args, monkeypatch, tmp_path):
+def test_a_models_labels_are_read_once_while_its_tokenizer_files_stay(digit_model, monkeypatch, tmp_path):
     """A run asks for its model's labels for every checkpoint it checks: the tokenizer is read the first time
     only, and again once its files change (another tokenizer saved in the folder)."""
     import shutil
@@ -237,13 +236,12 @@ def test_a_models_labels_are_read_once_while_its_tokenizer_files_stay(digit_mode
     loads = []
     real = models.load_tokenizer
     monkeypatch.setattr(models, "load_tokenizer", lambda name: loads.append(name) or real(name))
-    args = make_args(model_name=str(folder))
-    first = models.policy_labels(args)
-    assert models.policy_labels(args) == first and len(loads) == 1
+    first = models.policy_labels(str(folder))
+    assert models.policy_labels(str(folder)) == first and len(loads) == 1
     assert first == label_alphabet(models.load_tokenizer(digit_model)) != LABELS
     gpt2 = models.load_tokenizer("tiny-gpt2")
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
     gpt2.save_pretrained(folder)  # the folder now holds a GPT-2 tokenizer: the paper's labels
     loads.clear()
-    assert models.policy_labels(args) == LABELS and len(loads) == 1
+    assert models.policy_labels(str(folder)) == LABELS and len(loads) == 1

@@ -10,8 +10,7 @@ from accelerate import Accelerator
 from envs import make_env
 from rl_algorithms import LEARNERS, LearnerSettings, UpdateResult
 from rl_algorithms.base import flat_decisions
-from rollout import TwoPlayerRollout
-from rollout import EpisodeStart
+from rollout import EpisodeStart, TwoPlayerRollout
 from tests.conftest import record_reads_and_gradients, same_gradients
 from utils import models
 
@@ -23,7 +22,7 @@ def toy(make_args):
     def build(trainer, **overrides):
         args = make_args(**{"env": "taxi", "trainer": trainer, "horizon": 4, "learning_rate": 1e-2,
                             "per_device_train_batch_size": 2, **overrides})
-        policy, tokenizer = models.load_model_and_tokenizer(args)
+        policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
         policy.eval()
         rollout = TwoPlayerRollout.from_args(args, policy, tokenizer)
         envs = [make_env("taxi", horizon=4) for _ in range(3)]
@@ -227,7 +226,7 @@ def _kept_or_read_again(make_args, trainer, keep, episodes=4, **overrides):
                         "per_device_train_batch_size": 2, "load_in_8bit": False, "bf16": False,
                         "prefix_cache": False, "reuse_rollout_pass": keep, **overrides})
     torch.manual_seed(0)
-    policy, tokenizer = models.load_model_and_tokenizer(args)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     policy.eval()
     rollout = TwoPlayerRollout.from_args(args, policy, tokenizer)
     envs = [make_env("taxi", horizon=4, labels=rollout.labels) for _ in range(episodes)]

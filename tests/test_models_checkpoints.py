@@ -34,7 +34,7 @@ def _batch(tokenizer):
 
 
 def test_new_lora_adapter_trains_only_lora(make_args):
-    model, tokenizer = models.load_model_and_tokenizer(make_args(peft_lora_r=8))
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(peft_lora_r=8)))
     config = model.get_base_model().config
     # GPT-2's default LoRA target is c_attn: (n_embd -> 3 n_embd) per layer, r (in + out) weights.
     expected = config.n_layer * 8 * (config.n_embd + 3 * config.n_embd)
@@ -50,14 +50,15 @@ def test_the_causal_lm_loss_is_named_not_guessed(make_args):
 
     for use_peft in (True, False):
         # a CUDA machine keeps the 8-bit default, which only LoRA can train
-        model, tokenizer = models.load_model_and_tokenizer(make_args(use_peft=use_peft, load_in_8bit=use_peft))
+        loader = models.ModelSettings.from_args(make_args(use_peft=use_peft, load_in_8bit=use_peft))
+        model, tokenizer = models.load_model_and_tokenizer(loader)
         base = model.get_base_model() if use_peft else model
         assert base.loss_type == "ForCausalLM" and base.loss_type in LOSS_MAPPING
         assert base.loss_function is LOSS_MAPPING["ForCausalLM"]
 
 
 def test_shrunk_head_equals_full_head_at_label_tokens(make_args):
-    model, tokenizer = models.load_model_and_tokenizer(make_args())
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()))
     batch = _batch(tokenizer)
     with torch.no_grad():
         full = model(**batch).logits[:, -1]
@@ -74,13 +75,13 @@ def test_shrunk_head_equals_full_head_at_label_tokens(make_args):
 
 
 def test_loader_shrinks_on_request(make_args):
-    model, _ = models.load_model_and_tokenizer(make_args(), shrink_head=True)
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), shrink_head=True)
     assert lm_head.label_head(model) is not None
 
 
 def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
     args = make_args(load_in_8bit=False, bf16=False)  # float32 either way: compared exactly
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -91,8 +92,10 @@ def test_adapter_loads_trainable_or_frozen(make_args, tmp_path):
     with torch.no_grad():
         expected = model(**batch).logits
 
-    trained, _ = models.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"))
-    frozen, _ = models.load_model_and_tokenizer(args, adapter_dir=str(tmp_path / "adapter"), trainable=False)
+    trained, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(args),
+                                                 adapter_dir=str(tmp_path / "adapter"))
+    frozen, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(args),
+                                                adapter_dir=str(tmp_path / "adapter"), trainable=False)
     assert _count(trained)[0] == _count(model)[0]
     assert _count(frozen)[0] == 0 and not frozen.training
     trained.eval()
@@ -106,27 +109,29 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(make_args, 
     """A diverged run's checkpoint (NaN in one weight) is refused where it loads, naming it, for an adapter and
     for a whole model, trainable (RL's start) or frozen (evaluation): it would play NaN log-probabilities."""
     args = make_args(use_peft=use_peft, load_in_8bit=False, bf16=False)
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     checkpoint = checkpoints.save_checkpoint(tmp_path / "ckpt", model=model, tokenizer=tokenizer, args=args, step=1)
     for trainable in (True, False):  # finite: loads
-        models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=trainable)
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=str(checkpoint),
+                                        trainable=trainable)
     with torch.no_grad():
         weight = next(p for n, p in model.named_parameters() if "lora_" in n or not use_peft)
         weight.view(-1)[0] = float("nan")
     checkpoint = checkpoints.save_checkpoint(tmp_path / "nan", model=model, tokenizer=tokenizer, args=args, step=1)
     for trainable in (True, False):
         with pytest.raises(UsageError, match=rf"checkpoint {checkpoint}: 1 of its weight tensors hold NaN"):
-            models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=trainable)
+            models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=str(checkpoint),
+                                            trainable=trainable)
 
 
 def test_frozen_base_model_without_adapter(make_args):
-    model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), trainable=False)
     assert _count(model)[0] == 0
 
 
 def test_not_an_adapter_dir_is_named(make_args, tmp_path):
     with pytest.raises(ValueError, match="neither an adapter directory"):
-        models.load_model_and_tokenizer(make_args(), adapter_dir=str(tmp_path))
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), adapter_dir=str(tmp_path))
 
 
 def test_run_dirs_get_unique_increasing_ids(make_args, tmp_path):
@@ -153,7 +158,7 @@ def test_settings_replay_as_config(make_args):
 def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp_path):
     args = make_args(seed=3)
     seeding.set_seed(args.seed)
-    model, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     batch = _batch(tokenizer)
     for _ in range(2):
@@ -167,7 +172,8 @@ def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp
                                                              "buffer": [{"labels": ["1", "a"], "cost": -0.5}]})
     draws = (random.random(), np.random.rand(), torch.rand(2), generator.random())
 
-    model2, _ = models.load_model_and_tokenizer(args, adapter_dir=str(ckpt), shrink_head=True)
+    model2, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=str(ckpt),
+                                                shrink_head=True)
     optimizer2 = torch.optim.Adam([p for p in model2.parameters() if p.requires_grad], lr=1e-2)
     restored = checkpoints.load_checkpoint(ckpt, optimizer2)
     generator2 = np.random.default_rng()
@@ -185,7 +191,7 @@ def test_checkpoint_round_trip_restores_optimizer_rng_and_adapter(make_args, tmp
 
 def test_checkpoint_overwrite_and_bad_dir(make_args, tmp_path):
     args = make_args()
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     checkpoints.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=1)
     checkpoints.save_checkpoint(tmp_path / "c", model=model, tokenizer=tokenizer, args=args, step=5)
     assert checkpoints.load_checkpoint(tmp_path / "c")["step"] == 5
@@ -214,7 +220,7 @@ def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path
     """--no_use_peft trains every weight; the label head keeps the tied matrix frozen so a
     saved and reloaded model scores labels exactly as in training."""
     args = make_args(use_peft=False, load_in_8bit=False)  # a CUDA machine would keep the 8-bit default
-    model, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
     trainable, total = _count(model)
     embedding = model.get_input_embeddings().weight
     assert not embedding.requires_grad and trainable == total - embedding.numel()
@@ -229,7 +235,8 @@ def test_whole_model_training_and_reload_with_the_label_head(make_args, tmp_path
         expected = model(**batch).logits
     checkpoint = checkpoints.save_checkpoint(tmp_path / "ckpt", model=model, tokenizer=tokenizer, args=args, step=3)
     assert (checkpoint / "config.json").is_file() and not (checkpoint / "adapter_config.json").exists()
-    again, _ = models.load_model_and_tokenizer(args, adapter_dir=str(checkpoint), trainable=False, shrink_head=True)
+    again, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=str(checkpoint),
+                                               trainable=False, shrink_head=True)
     with torch.no_grad():
         torch.testing.assert_close(again(**batch).logits, expected)
 
@@ -241,7 +248,7 @@ def test_a_quantised_model_is_never_trained_in_full(make_args, tmp_path):
     args = make_args(use_peft=False)
     args.load_in_8bit = True
     with pytest.raises(UsageError, match=r"^--load_in_8bit cannot train every weight \(--no_use_peft\).*--no_load_in_8bit"):
-        models.load_model_and_tokenizer(args)
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     whole = tmp_path / "whole"
     whole.mkdir()
     (whole / "config.json").write_text("{}")
@@ -249,7 +256,7 @@ def test_a_quantised_model_is_never_trained_in_full(make_args, tmp_path):
     args = make_args()
     args.load_in_8bit, args.load_in_4bit = False, True
     with pytest.raises(UsageError, match=r"^--load_in_4bit cannot train every weight \(the whole model saved in"):
-        models.load_model_and_tokenizer(args, adapter_dir=str(whole))
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=str(whole))
 
 
 @pytest.mark.cpu_path
@@ -258,10 +265,12 @@ def test_cpu_bf16_keeps_bfloat16_on_the_cpu(make_args, tmp_path):
     import rl_finetune
     import supervised_pretrain
 
-    assert parse_args([]).bf16 is False and models.compute_dtype(parse_args([])) == torch.float32
+    assert parse_args([]).bf16 is False
+    assert models.compute_dtype(models.ModelSettings.from_args(parse_args([]))) == torch.float32
     args = parse_args(["--cpu_bf16"])
-    assert args.bf16 is True and args.load_in_8bit is False and models.compute_dtype(args) == torch.bfloat16
-    model, _ = models.load_model_and_tokenizer(make_args(cpu_bf16=True))
+    assert args.bf16 is True and args.load_in_8bit is False
+    assert models.compute_dtype(models.ModelSettings.from_args(args)) == torch.bfloat16
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(cpu_bf16=True)))
     assert {p.dtype for n, p in model.named_parameters() if "lora_" not in n} == {torch.bfloat16}
     assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}  # peft's choice
     # SFT and RL run in bfloat16 end to end
@@ -288,7 +297,8 @@ def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_
     bfloat16 = dict(load_in_8bit=False, bf16=True) if torch.cuda.is_available() else dict(cpu_bf16=True)
     for on in (True, False):
         torch.manual_seed(0)
-        model, _ = models.load_model_and_tokenizer(make_args(**bfloat16, adapter_autocast=on))
+        model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(**bfloat16,
+                                                                                           adapter_autocast=on)))
         layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
         assert layers and all(getattr(m, "_autocast", False) is on for m in layers)
         if on:  # a copy of the model runs its own layers, not the original's
@@ -313,7 +323,8 @@ def test_adapter_autocast_multiplies_lora_in_bfloat16_and_keeps_float32_weights_
     float32 = {}
     for on in (True, False):
         torch.manual_seed(0)
-        model, _ = models.load_model_and_tokenizer(make_args(load_in_8bit=False, bf16=False, adapter_autocast=on))
+        loader = models.ModelSettings.from_args(make_args(load_in_8bit=False, bf16=False, adapter_autocast=on))
+        model, _ = models.load_model_and_tokenizer(loader)
         assert models.autocast_adapters(model) == 0  # nothing to gain on float32 weights
         float32[on] = model(input_ids=ids).logits
     assert torch.equal(float32[True], float32[False])
@@ -324,12 +335,15 @@ def test_attention_kernel_is_eager_only_for_bf16_training_on_a_cpu(make_args):
     """--attn_implementation auto: eager where torch's CPU sdpa backward pass in bfloat16 is slow (a trained
     model in bf16 on a CPU), transformers' own choice elsewhere (float32, a frozen model: sdpa for GPT-2; the
     architecture tests load Gemma2, which has only eager); an explicit kernel is kept."""
-    bf16 = make_args(cpu_bf16=True)
+    def loader(**flags) -> models.ModelSettings:
+        return models.ModelSettings.from_args(make_args(**flags))
+
+    bf16 = loader(cpu_bf16=True)
     assert models.attention_kernel(bf16, trainable=True) == "eager"
     assert models.attention_kernel(bf16, trainable=False) is None
-    assert models.attention_kernel(make_args(), trainable=True) is None
-    assert models.attention_kernel(make_args(cpu_bf16=True, attn_implementation="sdpa"), trainable=True) == "sdpa"
-    assert models.attention_kernel(make_args(attn_implementation="eager"), trainable=False) == "eager"
+    assert models.attention_kernel(loader(), trainable=True) is None
+    assert models.attention_kernel(loader(cpu_bf16=True, attn_implementation="sdpa"), trainable=True) == "sdpa"
+    assert models.attention_kernel(loader(attn_implementation="eager"), trainable=False) == "eager"
     trained, _ = models.load_model_and_tokenizer(bf16)
     frozen, _ = models.load_model_and_tokenizer(bf16, trainable=False)
     assert lm_head.base_model(trained).config._attn_implementation == "eager"
@@ -346,14 +360,14 @@ def test_cpu_bf16_warns_on_a_cpu_without_native_bfloat16(make_args, monkeypatch,
 
     monkeypatch.setattr(cpu, "caps", lambda: cpu.probe({}, (frozenset({"avx2", "fma"}), "an AVX2 CPU")))
     for _ in range(2):
-        models.load_model_and_tokenizer(make_args(cpu_bf16=True), trainable=False)
+        models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(cpu_bf16=True)), trainable=False)
     said = [r for r in caplog.records if "emulated" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"
     assert cpu.EMULATED_BF16 in said[0].getMessage() and "float32 (no --cpu_bf16)" in said[0].getMessage()
     caplog.clear()
     monkeypatch.setattr(cpu, "caps", lambda: cpu.probe({}, (frozenset({"avx2", "fma", "avx512f", "avx512bw",
                                                                        "avx512vl", "avx512dq", "avx512_bf16"}), "")))
-    models.load_model_and_tokenizer(make_args(cpu_bf16=True), trainable=False)
+    models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(cpu_bf16=True)), trainable=False)
     assert "emulated" not in caplog.text
 
 

@@ -144,8 +144,9 @@ def test_the_flag_reaches_the_rollout():
     from utils import models
 
     args = ScriptArguments(model_name="tiny-gpt2", load_in_8bit=False, bf16=False)
-    policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
-    reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args),
+                                                                   trainable=False)
     for flags, on in (([], True), (["--no_packed_weights"], False)):
         args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", *flags])
         rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)

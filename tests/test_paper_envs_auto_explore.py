@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from envs import env_kwargs, make_env
+from envs import EnvSettings, env_kwargs, make_env
 from envs.auto_explore_tasks import depth_curriculum, run_tasks
 from experiment_args import parse_args
 from tests.auto_explore_repos import TARGET, build_repo, make_task, run
@@ -32,7 +32,7 @@ def _paper_env(repo, tmp_path, *flags):
     task_file.write_text(json.dumps([_task(repo)]))
     args = parse_args(["--preset=paper", "--env=auto_explore", f"--task_file={task_file}",
                        "--auto_explore_targets=task", *flags])
-    return make_env("auto_explore", **env_kwargs(args, evaluation=True)), args
+    return make_env("auto_explore", **env_kwargs(EnvSettings.from_args(args), evaluation=True)), args
 
 
 def test_the_paper_preset_charges_one_for_reading_a_file_that_mentions_error(repo, tmp_path):
@@ -140,8 +140,8 @@ def test_tasks_with_an_empty_question_are_dropped_unless_easy(repo, tmp_path):
     task_file = tmp_path / "tasks.json"
     task_file.write_text(json.dumps([_task(repo, question=""), _task(repo, question="where?")]))
     argv = ["--env=auto_explore", f"--task_file={task_file}"]
-    assert [t["question"] for t in run_tasks(parse_args(argv))] == ["where?"]
-    assert len(run_tasks(parse_args(argv + ["--easy"]))) == 2
+    assert [t["question"] for t in run_tasks(EnvSettings.from_args(parse_args(argv)))] == ["where?"]
+    assert len(run_tasks(EnvSettings.from_args(parse_args(argv + ["--easy"])))) == 2
 
 
 def test_easy_names_one_target_by_its_path_and_only_it_counts(repo):
@@ -175,20 +175,20 @@ def test_leave_out_keeps_every_entry_whose_path_prefixes_a_targets(repo):
 
 def test_the_papers_sandbox_dir_flag_places_the_copies(repo, tmp_path):
     args = parse_args(["--env=auto_explore", f"--sandbox_dir={tmp_path / 'boxes'}"])
-    env = make_env("auto_explore", **env_kwargs(args), tasks=[make_task(repo)])
+    env = make_env("auto_explore", **env_kwargs(EnvSettings.from_args(args)), tasks=[make_task(repo)])
     env.reset(seed=0)
     assert env.sandbox_root.startswith(str((tmp_path / "boxes").resolve()))
     env.close()
 
 
 def test_the_validation_panel_plays_the_validation_tasks(repo, tmp_path):
-    from evaluation.evaluate import test_episodes, validation_episodes
+    from evaluation.episodes import test_episodes, validation_episodes
 
     train, valid = tmp_path / "train.json", tmp_path / "validate.json"
     train.write_text(json.dumps([_task(repo, question="train q")]))
     valid.write_text(json.dumps([_task(repo, question="valid q")]))
     args = parse_args(["--env=auto_explore", f"--task_file={train}", f"--validation_task_file={valid}"])
-    env = make_env("auto_explore", **env_kwargs(args, evaluation=True))
+    env = make_env("auto_explore", **env_kwargs(EnvSettings.from_args(args), evaluation=True))
     assert {s.options["task"]["question"] for s in validation_episodes(args, env, 2)} == {"valid q"}
     assert {s.options["task"]["question"] for s in test_episodes(args, env, 2)} == {"train q"}
     with pytest.raises(ValueError, match="--validation_task_file: no such file"):
@@ -199,14 +199,15 @@ def test_the_validation_panel_plays_the_validation_tasks(repo, tmp_path):
 def test_evaluation_repeats_a_levels_few_tasks_to_its_minimum_and_plays_only_the_levels_asked(repo, tmp_path):
     """--eval_level_episodes N: each depth gets at least N episodes (its tasks repeated alike); --eval_levels
     keeps the named depths only; figures count the distinct tasks behind them."""
-    from evaluation.evaluate import HELD_OUT_SEED, figures, test_episodes
+    from evaluation.episodes import HELD_OUT_SEED, test_episodes
+    from evaluation.report import figures
     from rollout import Episode
 
     tasks = _tasks(repo, [[0], [1], [2], [2], [2]])
     task_file = tmp_path / "test.json"
     task_file.write_text(json.dumps(tasks))
     args = parse_args(["--env=auto_explore", f"--task_file={task_file}", "--eval_level_episodes=7"])
-    env = make_env("auto_explore", **env_kwargs(args, evaluation=True))
+    env = make_env("auto_explore", **env_kwargs(EnvSettings.from_args(args), evaluation=True))
     starts = test_episodes(args, env, 2, args.eval_level_episodes)
     per_level = {level: [s for s in starts if s.level == level] for level in ("depth 0", "depth 1", "depth 2")}
     assert {level: len(group) for level, group in per_level.items()} == {"depth 0": 7, "depth 1": 7, "depth 2": 9}

@@ -10,7 +10,7 @@ dangerous rule from the second step only (``--no_danger_on_first_step``).
 import numpy as np
 import pytest
 
-from envs import env_kwargs, make_env
+from envs import EnvSettings, env_kwargs, make_env
 from envs.taxi import ACTION_NAMES, PLAIN, shortest_plan
 from experiment_args import parse_args
 
@@ -35,7 +35,8 @@ def _play(env, actions):
 
 
 def test_without_a_curriculum_a_pickup_earns_one_moves_cost():
-    env = make_env("taxi", **env_kwargs(parse_args(["--env", "taxi"])))  # the flags' defaults: no curriculum
+    # the flags' defaults: no curriculum
+    env = make_env("taxi", **env_kwargs(EnvSettings.from_args(parse_args(["--env", "taxi"]))))
     env.reset(seed=0)
     assert env.stage == PLAIN
     _at(env, 0, 0, 0, 2)  # at R, the passenger at R, destination Y
@@ -135,7 +136,7 @@ def test_the_papers_history_lists_one_action_per_line():
 
 
 def test_evaluation_names_the_played_out_bandits_figure_for_what_it_is():
-    from evaluation.evaluate import markdown_table, success_name
+    from evaluation.report import markdown_table, success_name
 
     results = [{"name": "x", "levels": {"all": {"success": 0.5, "cost": 0.1, "episodes": 2}}}]
     assert success_name(parse_args(["--env=taxi", "--oracle_completion"])) == "optimal 1st decision"

@@ -169,7 +169,8 @@ def test_reflections_kept_whole_as_the_paper_does(tiny_path):
     from experiment_args import ScriptArguments
     from utils import models
 
-    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(model_name="tiny-gpt2"), trainable=False)
+    tiny = models.ModelSettings.from_args(ScriptArguments(model_name="tiny-gpt2"))
+    policy, tokenizer = models.load_model_and_tokenizer(tiny, trainable=False)
     newline = tokenizer.encode("\n")
     one_line = TwoPlayerRollout(policy, tokenizer, reflector=policy)
     whole = TwoPlayerRollout.from_args(parse_args(["--model_name=tiny-gpt2", "--no_reflect_one_line"]), policy,
@@ -200,10 +201,10 @@ def test_pg_normalised_per_decision_as_the_paper(make_args, tmp_path):
 def test_disable_dropout_turns_off_every_dropout(make_args):
     from utils import models
 
-    model, _ = models.load_model_and_tokenizer(make_args(disable_dropout=True))
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(disable_dropout=True)))
     dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert dropouts and all(m.p == 0.0 for m in dropouts)  # the base model's and LoRA's
-    model, _ = models.load_model_and_tokenizer(make_args())
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()))
     assert any(m.p > 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
 
 
@@ -213,8 +214,9 @@ def test_four_bit_options_reach_bitsandbytes(make_args):
         pytest.skip("bitsandbytes 4-bit needs CUDA")
     from utils import models
 
-    model, _ = models.load_model_and_tokenizer(make_args(load_in_8bit=False, load_in_4bit=True, use_nested_quant=True,
-                                                         bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype="float16"))
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args(
+        load_in_8bit=False, load_in_4bit=True, use_nested_quant=True, bnb_4bit_quant_type="fp4",
+        bnb_4bit_compute_dtype="float16")))
     config = model.base_model.model.config.quantization_config
     assert config.bnb_4bit_quant_type == "fp4" and config.bnb_4bit_use_double_quant
     assert config.bnb_4bit_compute_dtype == torch.float16

@@ -71,12 +71,11 @@ def test_the_rollout_and_the_sft_texts_use_the_environments_layout(make_args, ti
     from data_gen.sft import sft_texts
     from envs import make_env
     from envs.taxi import DangerousTaxiEnv
-    from rollout import TwoPlayerRollout
-    from rollout import EpisodeStart
+    from rollout import EpisodeStart, TwoPlayerRollout
     from utils import models
 
     args = make_args(env="taxi")
-    policy, tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), trainable=False)
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=policy, reflect_tokenizer=tokenizer, greedy=True)
     env = make_env("taxi", text_layout="paper", depot_letters=False, labels=rollout.labels, horizon=1)
     (episode,) = rollout.run([env], [EpisodeStart(seed=3, options={"curriculum": "pickup"})],

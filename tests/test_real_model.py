@@ -95,7 +95,8 @@ def test_sft_with_lora_learns_and_its_adapter_reloads(chain, tokenizer):
     args = chain["args"](**SMALL)
     mean_logp = []
     for adapter in (None, chain["policy"]):
-        model, tok = models.load_model_and_tokenizer(args, adapter_dir=adapter and str(adapter), trainable=False,
+        model, tok = models.load_model_and_tokenizer(models.ModelSettings.from_args(args),
+                                                     adapter_dir=adapter and str(adapter), trainable=False,
                                                      shrink_head=True)
         scorer = PolicyScorer(model, tok, max_seq_length=512, temperature=1.0)
         with torch.no_grad():
@@ -143,12 +144,13 @@ def test_the_rollout_optimisations_keep_the_episodes_of_a_real_model(chain):
 
     from envs import make_env
     from experiment_args import ScriptArguments
-    from rollout import TwoPlayerRollout
-    from rollout import EpisodeStart
+    from rollout import EpisodeStart, TwoPlayerRollout
 
     settings = ScriptArguments(**SMALL)
-    policy, tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["policy"]), shrink_head=True)
-    reflector, reflect_tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["reflector"]))
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(settings),
+                                                        adapter_dir=str(chain["policy"]), shrink_head=True)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(settings),
+                                                                   adapter_dir=str(chain["reflector"]))
     policy.eval()
 
     def play(rounds=1, **switches):
@@ -195,14 +197,14 @@ def test_the_update_from_the_rollouts_passes_on_a_real_model(chain):
     from envs import make_env
     from experiment_args import ScriptArguments
     from rl_algorithms import LEARNERS, LearnerSettings
-    from rollout import TwoPlayerRollout
-    from rollout import EpisodeStart
+    from rollout import EpisodeStart, TwoPlayerRollout
 
     settings = ScriptArguments(**SMALL, load_in_8bit=False, bf16=False, trainer="pg", baseline="mean",
                                per_device_train_batch_size=2, prefix_cache=False)
 
     def update(keep: bool):
-        policy, tokenizer = models.load_model_and_tokenizer(settings, adapter_dir=str(chain["policy"]), trainable=True,
+        policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(settings),
+                                                            adapter_dir=str(chain["policy"]), trainable=True,
                                                             shrink_head=True)
         policy.eval()
         rollout = TwoPlayerRollout.from_args(settings, policy, tokenizer)

@@ -132,7 +132,7 @@ def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, mo
     """The drop-off column at a tiny budget: the curriculum runs train pickup then drop-off, the others drop-off
     only; every run's panel plays drop-off validation episodes; every row is judged on drop-off and Reflect-RL
     also on the full task; the final episodes are apart from training's and the panel's."""
-    from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
+    from evaluation.episodes import HELD_OUT_SEED, VALIDATION_SEED
     from tests.test_demo import ONE_PROCESS
     from utils import checkpoints, metrics
 
@@ -261,7 +261,7 @@ def test_alfworld_runs_end_to_end_training_on_train_trials_and_judged_on_valid_o
     import importlib.util
     import shutil
 
-    from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED
+    from evaluation.episodes import HELD_OUT_SEED, VALIDATION_SEED
     from tests.conftest import HANDMADE_GAME as fixture
     from tests.test_demo import ONE_PROCESS
     from utils import checkpoints

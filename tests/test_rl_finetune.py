@@ -101,7 +101,7 @@ def test_nan_loss_skips_the_update(make_args, tmp_path, monkeypatch):
 
 def test_rl_from_an_sft_adapter_with_a_frozen_reflector(make_args, tmp_path):
     args = make_args()
-    model, tokenizer = models.load_model_and_tokenizer(args)
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -223,7 +223,8 @@ def test_a_registered_learner_runs_through_the_loop(make_args, tmp_path, monkeyp
 
 
 def test_held_out_panel_is_fixed_and_separate_from_training(make_args, tmp_path):
-    from evaluation.evaluate import HELD_OUT_SEED, VALIDATION_SEED, HeldOutPanel, test_episodes
+    from evaluation.episodes import HELD_OUT_SEED, VALIDATION_SEED, test_episodes
+    from evaluation.evaluate import HeldOutPanel
 
     args = make_args(**FAST, max_steps=4, save_steps=4, eval_steps=2, eval_panel=3)
     assert rl_finetune.main(args) == 0

@@ -9,15 +9,15 @@ import pytest
 
 import rl_finetune
 from envs import make_env
-from rollout import TwoPlayerRollout
-from rollout import EpisodeStart
+from rollout import EpisodeStart, TwoPlayerRollout
 from utils import models
 
 HELD_OUT = [10**6 + i for i in range(64)]
 
 
 def _mean_return(args, adapter_dir) -> float:
-    policy, tokenizer = models.load_model_and_tokenizer(args, adapter_dir=str(adapter_dir), trainable=False,
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args),
+                                                        adapter_dir=str(adapter_dir), trainable=False,
                                                        shrink_head=True)
     rollout = TwoPlayerRollout(policy, tokenizer)
     envs = [make_env("taxi", oracle_completion=True) for _ in HELD_OUT]
@@ -30,7 +30,8 @@ def test_rl_raises_the_return(make_args, tmp_path):
     args = make_args(env="taxi", taxi_curriculum=True, curriculum_index=0, oracle_completion=True, shrink_head=True,
                      baseline="mean", per_device_eval_batch_size=16, per_device_train_batch_size=32,
                      learning_rate=3e-3, max_steps=40, save_steps=40)
-    start, _ = models.load_model_and_tokenizer(args)  # the same fresh LoRA that RL starts from
+    # the same fresh LoRA that RL starts from
+    start, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(args))
     start.save_pretrained(tmp_path / "start")
     assert rl_finetune.main(args) == 0
     (run,) = (tmp_path / "results").glob("*_rl_finetune")

@@ -10,9 +10,7 @@ import torch
 
 from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, policy_prompt, reflection_prompt
-from rollout import TwoPlayerRollout
-from rollout import PolicyScorer
-from rollout import Episode, EpisodeStart
+from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 from utils import lm_head, models
 from utils.kv_cache import PrefixKV, shared_length
 from utils.packed_weights import available as packed_weights_available
@@ -28,13 +26,14 @@ def players():
 
     args = ScriptArguments(**EXACT)
     torch.manual_seed(0)
-    policy, tokenizer = models.load_model_and_tokenizer(args, shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), shrink_head=True)
     with torch.no_grad():  # a non-trivial adapter, so the policy is not uniform
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(std=0.2)
     policy.eval()
-    reflector, reflect_tokenizer = models.load_model_and_tokenizer(args, trainable=False)
+    reflector, reflect_tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args),
+                                                                   trainable=False)
     return policy, tokenizer, reflector, reflect_tokenizer
 
 
@@ -295,7 +294,8 @@ def test_a_change_of_the_reflector_weights_empties_the_memo(players):
     from experiment_args import ScriptArguments
 
     policy, tokenizer, _, reflect_tokenizer = players
-    reflector, _ = models.load_model_and_tokenizer(ScriptArguments(**EXACT), trainable=False)
+    reflector, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(ScriptArguments(**EXACT)),
+                                                   trainable=False)
     rollout = TwoPlayerRollout(policy, tokenizer, reflector=reflector, reflect_tokenizer=reflect_tokenizer,
                                reflect_max_new_tokens=10, top_k=1)
     env = make_env("taxi", labels=rollout.labels)
@@ -331,7 +331,8 @@ def test_a_shared_prefix_scores_as_the_whole_prompts():
     from experiment_args import ScriptArguments
 
     torch.manual_seed(0)
-    policy, tokenizer = models.load_model_and_tokenizer(ScriptArguments(**EXACT), shrink_head=True)
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(ScriptArguments(**EXACT)),
+                                                        shrink_head=True)
     policy.eval()
     scorer = PolicyScorer(policy, tokenizer, 1024, 1.0)
     prompts, head = _prefixed_prompts(tokenizer)
@@ -414,8 +415,8 @@ def test_the_lm_head_reads_a_contiguous_copy_and_computes_the_same_logits(shrink
     seen, logits = {}, {}
     for on in (True, False):
         torch.manual_seed(0)
-        model, tokenizer = models.load_model_and_tokenizer(ScriptArguments(**EXACT, contiguous_head=on),
-                                                           trainable=False, shrink_head=shrink)
+        loader = models.ModelSettings.from_args(ScriptArguments(**EXACT, contiguous_head=on))
+        model, tokenizer = models.load_model_and_tokenizer(loader, trainable=False, shrink_head=shrink)
         head = lm_head.base_model(model).get_output_embeddings()
         heads = [head, head.full_head] if shrink else [head]
         for module in heads:
@@ -436,7 +437,8 @@ def test_top1_reflections_by_argmax_are_the_sampled_ones_and_break_ties_by_the_l
 
     from experiment_args import ScriptArguments, parse_args
 
-    reflector, _ = models.load_model_and_tokenizer(ScriptArguments(**EXACT), trainable=False)
+    reflector, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(ScriptArguments(**EXACT)),
+                                                   trainable=False)
     prompt = [reflection_prompt(make_env("taxi").reset(seed=3)[0], make_env("taxi").action_head)]
     ids = torch.tensor([reflect_tokenizer(prompt[0], add_special_tokens=False)["input_ids"]], device=reflector.device)
     with torch.no_grad():

@@ -78,8 +78,9 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_adapter(make_args, tmp_p
     checkpoint = run_dir / "checkpoint-30"
     assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / checkpoints.SETTINGS_FILE).is_file()
     assert (run_dir / "checkpoint-15" / checkpoints.SETTINGS_FILE).is_file()
-    tuned, tokenizer = models.load_model_and_tokenizer(make_args(), adapter_dir=str(checkpoint), trainable=False)
-    base, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    tuned, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()),
+                                                       adapter_dir=str(checkpoint), trainable=False)
+    base, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), trainable=False)
     batch = tokenizer([texts[1][:-1]], return_tensors="pt").to(models.device())
     labels = [tokenizer.convert_tokens_to_ids(label) for label in "012"]
     with torch.no_grad():
@@ -142,7 +143,7 @@ def test_completion_logits_compute_the_head_only_where_the_loss_reads(tiny_token
     assert kept["logits_to_keep"].nonzero().tolist() == [list(p) for p in expected]
     assert kept["shift_labels"].tolist() == [labels[row, t + 1].item() for row, t in expected]
 
-    model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), trainable=False)
     full, kept = ({key: value.to(model.device) for key, value in batch.items()} for batch in (full, kept))
     with torch.no_grad():
         every = model(**full)
@@ -180,7 +181,7 @@ def test_a_model_without_logits_to_keep_runs_every_position(make_args, caplog):
 
     assert sft.completion_logits(make_args(), Plain()) is False
     assert "no logits_to_keep" in caplog.text
-    model, _ = models.load_model_and_tokenizer(make_args(), trainable=False)
+    model, _ = models.load_model_and_tokenizer(models.ModelSettings.from_args(make_args()), trainable=False)
     assert sft.completion_logits(make_args(), model) is True
     assert sft.completion_logits(make_args(completion_logits=False), model) is False
 

@@ -7,7 +7,7 @@ runs (:func:`need` and the range checks), ending at :class:`_Group`.
 """
 
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,14 @@ def flag_owners(specs: dict, kind: str) -> dict[str, list[str]]:
         for flag in getattr(spec, kind):
             owners.setdefault(flag, []).append(name)
     return {flag: sorted(names) for flag, names in owners.items()}
+
+
+def flag_values(settings_class, args) -> dict:
+    """The fields of ``settings_class`` (what one consumer reads of the flags, as a frozen dataclass: the model
+    loader's ``utils.models.ModelSettings`` ...), each read from the flag of its name; a list as a tuple, so that
+    the settings stay as they were parsed."""
+    values = {f.name: getattr(args, f.name) for f in fields(settings_class)}
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
 
 
 def _file_on_the_way(path: Path) -> Path | None:

@@ -5,19 +5,17 @@
   tokenizer, choice labels (``labels.json``), settings, optimiser, RNG states, step and a
   learner's own state, atomically;
 * every checkpoint says what it is in ``role.json`` (:class:`CheckpointRole`: policy or reflector,
-  made by SFT or RL), and :func:`check_checkpoint` checks a checkpoint against the place it is
-  loaded into (the flag, the player, this run's settings) before anything is played or written.
+  made by SFT or RL); whether it fits the place it is loaded into (the flag, the player, this run's
+  settings) is ``utils/checkpoint_checks.py``'s.
 """
 
 import contextlib
 import fcntl
 import json
-import logging
 import os
 import re
 import shutil
 import sys
-import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,16 +23,13 @@ import torch
 import yaml
 from torch import nn
 
-from prompts import ANALYZE_MARKER, check_label_file, completion_start, label_alphabet, write_label_file
+from prompts import ANALYZE_MARKER, completion_start, label_alphabet, write_label_file
 from utils import complete
 from utils.errors import UsageError
 from utils.io import write_text_atomic
 from utils.lm_head import full_head
-from utils.models import policy_labels
 from utils.paths import SETTINGS_FILE, TRAINER_STATE_FILE  # noqa: F401 (checkpoints.SETTINGS_FILE ...)
 from utils.seeding import rng_state, set_rng_state
-
-logger = logging.getLogger(__name__)
 
 ROLE_FILE = "role.json"
 
@@ -189,36 +184,11 @@ def load_checkpoint(
     return {"step": payload["step"], "state": payload["state"]}
 
 
-
-# --- what a checkpoint is, and whether it fits where it is loaded -------------------------------
+# --- what a checkpoint is (whether it fits where it is loaded: utils/checkpoint_checks.py) ----------
 
 POLICY, REFLECTOR = "policy", "reflector"  # the two players
 SFT, RL = "SFT", "RL"  # the stages that make checkpoints
 _STAGE_OF_SCRIPT = {"supervised_pretrain": SFT, "rl_finetune": RL}  # a run folder <id>_<script> -> its stage
-ERROR, WARN = "error", "warning"
-
-# The settings of what a policy reads, compared between an RL checkpoint's setting.yml (RL played the
-# environment under them) and the run that loads it; a flag that is one environment's own is compared only
-# in a run of that environment. An SFT checkpoint is not compared: SFT reads a data file, and the
-# environment flags in its setting.yml are the defaults, not those the data was written under.
-# ERROR: the policy would read another environment or another arrangement of the texts (where the markers
-#   stand, which instruction is kept), prompts unlike any it learned from: its figures would measure nothing.
-#   (Its choice labels, the other such mismatch, are its labels.json's, checked beside these.)
-# WARN: the same kind of prompt with other content (the rules, a history, the map's letters, how long an
-#   episode may run, how much of a file is shown): playing a policy under them is a fair experiment in how
-#   it carries over, so it runs, but never silently: the warning names both values.
-READ_SETTINGS: dict[str, str] = {
-    "env": ERROR,
-    "text_layout": ERROR,
-    "horizon": WARN,
-    "shuffle_action": WARN,
-    "with_prompt": WARN,
-    "with_history": WARN,
-    "taxi_depot_letters": WARN,
-    "easy": WARN,
-    "auto_explore_view_tokens": WARN,
-    "alfworld_history_steps": WARN,
-}
 
 
 @dataclass(frozen=True)
@@ -274,7 +244,7 @@ def _inferred_role(directory: Path) -> CheckpointRole | None:
         stage = RL
     elif stage is None and (directory / "trainer_state.json").is_file():
         stage = SFT
-    settings = _settings_or_none(directory)
+    settings = settings_or_none(directory)
     if stage == RL:
         return RL_POLICY
     if stage is None or settings is None:
@@ -289,7 +259,8 @@ def _inferred_role(directory: Path) -> CheckpointRole | None:
         return None
 
 
-def _settings_or_none(directory: Path) -> dict | None:
+def settings_or_none(directory: Path) -> dict | None:
+    """The settings saved in ``directory`` (its ``setting.yml``), or None where it has none that can be read."""
     try:
         settings = load_settings(directory)
     except (ValueError, OSError, yaml.YAMLError):
@@ -297,117 +268,7 @@ def _settings_or_none(directory: Path) -> dict | None:
     return settings if isinstance(settings, dict) else None
 
 
-def _not_a_checkpoint(path: str | Path) -> str | None:
-    """Why ``path`` is no checkpoint folder (phrased to follow its name), or None."""
-    if not str(path).strip():
-        return "names no folder"
-    path = Path(path)
-    if not path.exists():
-        return "does not exist"
-    if not path.is_dir():
-        return "is a file, not a checkpoint folder"
-    if not any(path.iterdir()):
-        return "is an empty folder"
-    inside = complete.numbered_checkpoints(path)
-    if inside:
-        newest = complete.newest_whole(path)
-        return ("is a run folder, not a checkpoint: give one of its checkpoints, e.g. the newest whole one, "
-                f"{newest}" if newest else f"is a run folder, not a checkpoint, and none of its {len(inside)} "
-                "checkpoints is whole")
-    torn = complete.problems(path)[0]
-    if torn:
-        return torn[0]
-    if (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
-        return None
-    return "is not a checkpoint (it has no adapter_config.json or config.json)"
-
-
-def _labels_of(model: str) -> tuple[str, ...]:
-    return policy_labels(types.SimpleNamespace(model_name=model))
-
-
-def checkpoint_problems(args, directory: str | Path, player: str) -> tuple[list[str], list[str]]:
-    """``(errors, warnings)`` about loading ``directory`` as ``player`` into the run ``args`` describes, each phrased to follow the folder's name. It must be a checkpoint (not
-    missing, a file, empty, or a run folder), trained as ``player``, with the choice labels of the model it
-    is loaded on; its base model (a warning: one model goes by several names) and, for an RL checkpoint,
-    :data:`READ_SETTINGS` are compared with this run's."""
-    shape = _not_a_checkpoint(directory)
-    if shape is not None:
-        return [shape], []
-    path = Path(directory)
-    errors, warnings = [], list(complete.problems(path)[1])
-    try:
-        role = read_role(path)
-    except UsageError as error:
-        errors.append(f"cannot say what it is: {error}")
-        role = None
-    if role is None:
-        if not errors:
-            warnings.append(f"has no {ROLE_FILE} and its run does not tell what it is: whether "
-                            f"it is a {player} is not checked")
-    elif not role.fits(player):
-        errors.append(f"is {role} checkpoint, not a {player}")
-    model = args.reflect_model_name if player == REFLECTOR and args.reflect_model_name else args.model_name
-    try:
-        check_label_file(path, _labels_of(model), model, "checkpoint")
-    except UsageError as error:
-        errors.append(f"does not fit: {error}")
-    settings = _settings_or_none(path) or {}
-    if settings.get("model_name", model) != model:
-        warnings.append(f"was trained on --model_name={settings['model_name']!r}, and is loaded here on {model!r}")
-    if role is not None and role.stage == RL:
-        different = _read_differently(args, settings)
-        if different[ERROR]:
-            errors.append("was trained reading another environment or text layout: " + "; ".join(different[ERROR]))
-        if different[WARN]:
-            warnings.append("was trained with other settings of what it reads (this run keeps its own): "
-                            + "; ".join(different[WARN]))
-    return errors, warnings
-
-
-def _read_differently(args, settings: dict) -> dict[str, list[str]]:
-    """The :data:`READ_SETTINGS` on which ``settings`` (a checkpoint's) and ``args`` differ, by severity."""
-    from envs import ENVS, env_spec
-    from utils.arg_fields import flag_owners
-
-    others = set(flag_owners(ENVS, "own_flags")) - set(env_spec(args.env).own_flags)  # other envs' own flags
-    found: dict[str, list[str]] = {ERROR: [], WARN: []}
-    for flag, severity in READ_SETTINGS.items():
-        ours = getattr(args, flag)
-        if flag in settings and flag not in others and settings[flag] != ours:
-            found[severity].append(f"--{flag}={settings[flag]!r} there, {ours!r} here")
-    return found
-
-
 def fingerprint(directory: str | Path) -> list:
     """What identifies a checkpoint's contents, cheaply: the name, size and modification time of each of its
     files (one saved again, even under the same name, differs)."""
     return sorted([p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in Path(directory).iterdir() if p.is_file())
-
-
-def describe(where: str, directory: str | Path, phrases: list[str]) -> str:
-    """One line: ``where`` (a flag, an evaluation entry's field), the folder, then what :func:`checkpoint_problems`
-    says about it."""
-    return f"{where} {str(directory)!r} " + "; it ".join(phrases)
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def warn_once(where: str, directory: str | Path, warnings: list[str]) -> None:
-    """Log each warning about ``directory`` once per process (a checkpoint checked before an evaluation
-    starts is checked again when it is loaded)."""
-    for warning in warnings:
-        key = (str(Path(directory).resolve()), warning)
-        if key not in _WARNED:
-            _WARNED.add(key)
-            logger.warning(describe(where, directory, [warning]))
-
-
-def check_checkpoint(args, directory: str | Path, player: str, where: str) -> None:
-    """Stop with one line naming ``where`` (the flag) if ``directory`` cannot be loaded as ``player`` here
-    (:func:`checkpoint_problems`); log its warnings, once."""
-    errors, warnings = checkpoint_problems(args, directory, player)
-    if errors:
-        raise UsageError(describe(where, directory, errors))
-    warn_once(where, directory, warnings)

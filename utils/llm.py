@@ -7,17 +7,17 @@ OpenAI-compatible server at ``--base_url``, key in ``LOCAL_API_KEY`` if it wants
 the environment knows (see each pipeline's oracle functions), offline and deterministic.
 
 Requests may come from many threads: at most ``--max_concurrency`` are in flight at once.
-Transient failures (rate limits, honouring ``Retry-After``; timeouts; 5xx) are retried
-with exponential backoff by the official ``openai`` client, and so, by this one, is a reply
-that is not the chat completion the API promises (not JSON, ``choices`` empty, ``content`` a
-number): once retries are used up it is an :class:`LLMError` quoting what came back. Hard
-failures (a bad key, an unknown model, a refused request, nothing listening at the address)
-raise :class:`LLMError` at once, naming the endpoint, the model and the server's reason;
-after one, every other request of the client stops too. An empty answer, or one a caller's
-``accept`` check rejects, is never cached: the caller may ask again. Answers can be cached
-on disk (``--llm_cache DIR``); answers at temperature 0 are also remembered in memory, so a
-prompt asked twice is sent once. :attr:`ChatClient.usage` counts requests, answers, retries
-and tokens.
+Transient failures (rate limits, honouring ``Retry-After``; timeouts; 5xx) are retried with
+exponential backoff by the official ``openai`` client, and so, by this one, is a reply that
+is not the chat completion the API promises (not JSON, ``choices`` empty, ``content`` a
+number; ``utils/llm_reply.py`` reads each reply): once retries are used up it is an
+:class:`LLMError` quoting what came back. Hard failures (a bad key, an unknown model, a
+refused request, nothing listening at the address) raise :class:`LLMError` at once, naming
+the endpoint, the model and the server's reason; after one, every other request of the
+client stops too. An empty answer, or one a caller's ``accept`` check rejects, is never
+cached: the caller may ask again. Answers can be cached on disk (``--llm_cache DIR``);
+answers at temperature 0 are also remembered in memory, so a prompt asked twice is sent
+once. :attr:`ChatClient.usage` counts requests, answers, retries and tokens.
 """
 
 import functools
@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice
 
 from utils.io import write_text_atomic
+from utils.llm_reply import Malformed, error_reason, excerpt, read_completion, retry_after
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +65,6 @@ logging.getLogger(http.__name__).setLevel(logging.WARNING)
 
 class LLMError(RuntimeError):
     """An LLM request that must not be retried (bad key, unknown model, refused request) or that kept failing."""
-
-
-class _Malformed(Exception):
-    """A reply that is not a chat completion of the API's shape (its message says what is wrong)."""
 
 
 def stops_on_llm_error(step: str, unit: str):
@@ -242,17 +237,17 @@ class ChatClient:
             with self._lock:
                 self._reached = True
             try:
-                return _read(reply)
-            except _Malformed as error:
+                return read_completion(reply)
+            except Malformed as error:
                 problem = str(error)
             if retry >= self.max_retries:
                 tries = f"{retry + 1} tries" if retry else "1 try"
                 raise LLMError(f"{self.where} answered with something that is not a chat completion ({problem}; "
-                               f"{tries}): {_excerpt(reply.text)!r}")
+                               f"{tries}): {excerpt(reply.text)!r}")
             with self._lock:
                 self.usage.retries += 1
             first, most = MALFORMED_BACKOFF  # a Retry-After of the reply wins, as with a 5xx
-            time.sleep(_retry_after(reply.headers, default=min(most, first * 2 ** retry)))
+            time.sleep(retry_after(reply.headers, default=min(most, first * 2 ** retry)))
 
     def _send(self, request: dict):
         """One successful response, unparsed; the openai client retries transient failures. Until the endpoint
@@ -267,23 +262,24 @@ class ChatClient:
                         raise LLMError(f"nothing answers at {self.where}: {_root_cause(error)}; is the server "
                                        "running, and is --base_url right?") from None
                 except (openai.RateLimitError, openai.InternalServerError) as error:
-                    time.sleep(_retry_after(error.response.headers))  # transient: the retrying call below takes over
+                    time.sleep(retry_after(error.response.headers))  # transient: the retrying call below takes over
                 client = client.with_options(max_retries=self.max_retries - 1)
             return client.chat.completions.with_raw_response.create(**request)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
-            raise LLMError(f"authentication failed for {self.where}: {_reason(error)}; {KEY_HINT[self.api]}") from None
+            raise LLMError(f"authentication failed for {self.where}: {error_reason(error)}; "
+                           f"{KEY_HINT[self.api]}") from None
         except openai.NotFoundError as error:
-            raise LLMError(f"{self.where}: not found ({_reason(error)}); check --model (the model or deployment "
+            raise LLMError(f"{self.where}: not found ({error_reason(error)}); check --model (the model or deployment "
                            "name the server knows) and --base_url") from None
         except (openai.BadRequestError, openai.UnprocessableEntityError, openai.ConflictError) as error:
-            raise LLMError(f"the request was refused by {self.where}: {_reason(error)}") from None
+            raise LLMError(f"the request was refused by {self.where}: {error_reason(error)}") from None
         except (openai.RateLimitError, openai.InternalServerError) as error:
-            raise LLMError(f"{self.where} kept failing after retries: {_reason(error)}") from None
+            raise LLMError(f"{self.where} kept failing after retries: {error_reason(error)}") from None
         except openai.APIConnectionError as error:  # includes timeouts
             raise LLMError(f"{self.where} kept failing after retries: {type(error).__name__}: "
                            f"{_root_cause(error)}") from None
         except openai.APIStatusError as error:
-            raise LLMError(f"{self.where} answered with an error: {_reason(error)}") from None
+            raise LLMError(f"{self.where} answered with an error: {error_reason(error)}") from None
 
     # --- remembered answers -----------------------------------------------------------
 
@@ -309,78 +305,6 @@ class ChatClient:
         if self.cache_dir is None:
             return
         write_text_atomic(self.cache_dir / f"{key}.json", json.dumps({"model": self.model, "text": text}))
-
-
-def _reason(error: openai.APIStatusError) -> str:
-    """The status code and the server's own explanation of an error response."""
-    body, message = error.body, None
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        message = inner.get("message") or inner.get("detail") if isinstance(inner, dict) else inner
-        message = message or body.get("detail") or body.get("message")
-    if message is None:
-        try:
-            message = error.response.text.strip() or error.message
-        except Exception:  # a streamed body that cannot be read any more
-            message = error.message
-    return f"HTTP {error.status_code}: {' '.join(str(message).split())[:300]}"
-
-
-def _retry_after(headers, default: float = 0.5, most: float = 60.0) -> float:
-    """Seconds a response's headers ask to wait before a retry (``retry-after-ms`` or ``retry-after``)."""
-    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-        try:
-            return min(most, max(0.0, float(headers[name]) * scale))
-        except (KeyError, ValueError):
-            continue
-    return default
-
-
-def _read(reply) -> tuple[str, int, int]:
-    """The text of a raw response's chat completion ("" when the model wrote none) and its prompt and completion
-    tokens; :class:`_Malformed` if it is not one. The openai client builds its models without validating them, so
-    ``choices`` may come back a string and ``content`` a number."""
-    try:
-        completion = reply.parse()
-    except Exception:  # parsing only decodes the body: any error means it is not JSON
-        raise _Malformed("the body is not JSON") from None
-    if isinstance(completion, str) and completion == reply.text:  # a body that is not JSON comes back as its text
-        raise _Malformed("the body is not JSON")
-    if not isinstance(completion, ChatCompletion):
-        raise _Malformed(f"the body is {_shape(completion)}, not a JSON object")
-    choices = completion.choices
-    if not choices:
-        raise _Malformed("no choices")
-    if not isinstance(choices, list):
-        raise _Malformed(f"choices is {_shape(choices)}, not a list")
-    if not isinstance(choices[0], Choice):
-        raise _Malformed(f"choices[0] is {_shape(choices[0])}, not an object")
-    message = choices[0].message
-    if not isinstance(message, ChatCompletionMessage):
-        raise _Malformed("no choices[0].message" if message is None else
-                         f"choices[0].message is {_shape(message)}, not an object")
-    if message.content is not None and not isinstance(message.content, str):
-        raise _Malformed(f"choices[0].message.content is {_shape(message.content)}, not text")
-    usage = completion.usage  # a server may leave it out, or fill it oddly: then nothing is counted
-
-    def tokens(name: str) -> int:
-        value = getattr(usage, name, None)
-        return value if isinstance(value, int) else 0
-
-    return message.content or "", tokens("prompt_tokens"), tokens("completion_tokens")
-
-
-def _shape(value) -> str:
-    """What kind of JSON value ``value`` is, for a message."""
-    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
-             list: "a list", dict: "an object"}
-    return kinds.get(type(value), type(value).__name__)
-
-
-def _excerpt(text: str, most: int = 200) -> str:
-    """``text`` on one line, cut at ``most`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= most else text[:most] + "..."
 
 
 def _causes(error: BaseException) -> list[BaseException]:

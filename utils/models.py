@@ -10,6 +10,8 @@ import logging
 import os
 import types
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,49 @@ from torch import nn
 
 from prompts import LABELS, check_label_file, label_alphabet, label_token_ids
 from utils import complete, cpu
+from utils.arg_fields import flag_values
 from utils.errors import UsageError
 from utils.lm_head import contiguous_head_input, shrink_lm_head
 from utils.log_filters import BNB_CAST_LOGGER, say_once
 from utils.model_paths import TINY_MODEL, resolve_model_path
+
+
+def _nothing_to_say() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """All the loader reads of the flags, given to it explicitly (:meth:`from_args`): the base model, the new
+    LoRA adapter, quantisation and precision, and what it changes in a loaded model."""
+
+    model_name: str
+    use_peft: bool
+    peft_lora_r: int
+    peft_lora_alpha: int
+    lora_dropout: float
+    lora_target_modules: tuple[str, ...] | None
+    load_in_8bit: bool
+    load_in_4bit: bool
+    bnb_4bit_quant_type: str
+    bnb_4bit_compute_dtype: str | None
+    use_nested_quant: bool
+    bf16: bool
+    fp16: bool
+    attn_implementation: str
+    gradient_checkpointing: bool
+    max_seq_length: int
+    disable_dropout: bool
+    contiguous_head: bool
+    adapter_autocast: bool
+    # The parsed flags' note that the GPU defaults were turned off on this CPU-only machine
+    # (ScriptArguments.report_cpu_fallback): said when a model is loaded, so a step that only calls an API stays quiet.
+    report_cpu_fallback: Callable[[], None] = field(default=_nothing_to_say, compare=False, repr=False)
+
+    @classmethod
+    def from_args(cls, args) -> "ModelSettings":
+        return cls(**flag_values(cls, args))
+
 
 # --- devices and precision ----------------------------------------------------------------
 
@@ -32,10 +73,10 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def compute_dtype(args) -> torch.dtype:
-    if args.bf16:
+def compute_dtype(settings: ModelSettings) -> torch.dtype:
+    if settings.bf16:
         return torch.bfloat16
-    if args.fp16:
+    if settings.fp16:
         return torch.float16
     return torch.float32
 
@@ -50,13 +91,13 @@ def say_compute(dtype: torch.dtype) -> None:
     say_once(__name__, cpu.compute_line(str(dtype).removeprefix("torch."), where.type, name), level)
 
 
-def attention_kernel(args, trainable: bool) -> str | None:
+def attention_kernel(settings: ModelSettings, trainable: bool) -> str | None:
     """``--attn_implementation``, with ``auto`` settled: eager for a model trained in bfloat16 on a CPU (torch's
     CPU sdpa is about twice as slow as eager attention in a bfloat16 backward pass), else None: transformers'
     own choice for the architecture (sdpa where it has it; Gemma2, say, has only eager)."""
-    if args.attn_implementation != "auto":
-        return args.attn_implementation
-    cpu_bf16_training = trainable and compute_dtype(args) == torch.bfloat16 and device().type == "cpu"
+    if settings.attn_implementation != "auto":
+        return settings.attn_implementation
+    cpu_bf16_training = trainable and compute_dtype(settings) == torch.bfloat16 and device().type == "cpu"
     return "eager" if cpu_bf16_training else None
 
 
@@ -92,14 +133,14 @@ def load_tokenizer(model_name: str):
 GPT2_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 
 
-def policy_labels(args) -> tuple[str, ...]:
-    """The choice labels of ``args.model_name`` (what its environments must show). Its tokenizer is read once
+def policy_labels(model_name: str) -> tuple[str, ...]:
+    """The choice labels of ``model_name`` (what its environments must show). Its tokenizer is read once
     per process while its files stay as they are (a run asks again for each checkpoint it checks)."""
-    if args.model_name.removeprefix("openai-community/").removeprefix("distilbert/") in GPT2_HUB_MODELS:
+    if model_name.removeprefix("openai-community/").removeprefix("distilbert/") in GPT2_HUB_MODELS:
         return LABELS
-    key = _tokenizer_files(args.model_name)
+    key = _tokenizer_files(model_name)
     if key not in _POLICY_LABELS:
-        _POLICY_LABELS[key] = label_alphabet(load_tokenizer(args.model_name))
+        _POLICY_LABELS[key] = label_alphabet(load_tokenizer(model_name))
     return _POLICY_LABELS[key]
 
 
@@ -126,7 +167,7 @@ def _max_positions(config) -> int | None:
 
 
 def load_model_and_tokenizer(
-    args,
+    settings: ModelSettings,
     *,
     model_name: str | None = None,
     adapter_dir: str | None = None,
@@ -135,12 +176,12 @@ def load_model_and_tokenizer(
 ):
     """Load a causal LM and its tokenizer: THE loader of every script.
 
-    * ``model_name``: hub id, local directory, ``.gguf`` file or ``tiny-gpt2`` (default ``args.model_name``).
+    * ``model_name``: hub id, local directory, ``.gguf`` file or ``tiny-gpt2`` (default ``settings.model_name``).
     * ``adapter_dir``: a checkpoint to start from, trainable or frozen as ``trainable`` says:
       a peft adapter (``adapter_config.json``), or a whole model saved by a run with
       ``--no_use_peft`` (``config.json``). Without one, a trainable model gets a new LoRA
-      adapter (``args.use_peft``) or trains all its weights (``--no_use_peft``).
-    * quantisation (``args.load_in_8bit``/``load_in_4bit``, CUDA only) and precision from ``args``.
+      adapter (``--use_peft``) or trains all its weights (``--no_use_peft``).
+    * quantisation (``--load_in_8bit``/``--load_in_4bit``, CUDA only) and precision from ``settings``.
     * the tokenizer pads on the left (:func:`load_tokenizer`); its choice labels
       (:func:`prompts.label_alphabet`) must be those the checkpoint was trained with.
     * ``shrink_head``: replace the LM head by the frozen label head (:func:`shrink_lm_head`).
@@ -151,32 +192,32 @@ def load_model_and_tokenizer(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    args.report_cpu_fallback()
-    model_name = model_name or args.model_name
+    settings.report_cpu_fallback()
+    model_name = model_name or settings.model_name
     path = resolve_model_path(model_name)
     tokenizer = load_tokenizer(model_name)
-    quantized = args.load_in_8bit or args.load_in_4bit
+    quantized = settings.load_in_8bit or settings.load_in_4bit
     if adapter_dir is not None and (torn := complete.problems(adapter_dir)[0]):
         raise UsageError(f"checkpoint {str(adapter_dir)!r} {torn[0]}")  # before peft could look for it on the hub
     whole_model = adapter_dir is not None and _is_whole_model(adapter_dir)
-    if trainable and quantized and (whole_model or (adapter_dir is None and not args.use_peft)):
+    if trainable and quantized and (whole_model or (adapter_dir is None and not settings.use_peft)):
         # bitsandbytes' 8/4-bit weights take no gradient: the run would train nothing
-        raise UsageError(f"{'--load_in_8bit' if args.load_in_8bit else '--load_in_4bit'} cannot train every weight "
+        raise UsageError(f"{'--load_in_8bit' if settings.load_in_8bit else '--load_in_4bit'} cannot train every weight "
                          f"({'the whole model saved in ' + repr(adapter_dir) if whole_model else '--no_use_peft'}): "
                          "quantised weights take no gradient; add --no_load_in_8bit (and no --load_in_4bit), or "
                          "train a LoRA adapter (--use_peft)")
-    kwargs: dict[str, Any] = {"dtype": compute_dtype(args)}
+    kwargs: dict[str, Any] = {"dtype": compute_dtype(settings)}
     say_compute(kwargs["dtype"])
-    if attention := attention_kernel(args, trainable):
+    if attention := attention_kernel(settings, trainable):
         kwargs["attn_implementation"] = attention
     if quantized:
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_8bit=args.load_in_8bit,
-            load_in_4bit=args.load_in_4bit,
-            bnb_4bit_compute_dtype=getattr(torch, args.bnb_4bit_compute_dtype) if args.bnb_4bit_compute_dtype
-            else compute_dtype(args),
-            bnb_4bit_quant_type=args.bnb_4bit_quant_type,
-            bnb_4bit_use_double_quant=args.use_nested_quant,
+            load_in_8bit=settings.load_in_8bit,
+            load_in_4bit=settings.load_in_4bit,
+            bnb_4bit_compute_dtype=getattr(torch, settings.bnb_4bit_compute_dtype) if settings.bnb_4bit_compute_dtype
+            else compute_dtype(settings),
+            bnb_4bit_quant_type=settings.bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=settings.use_nested_quant,
         )
         kwargs["device_map"] = {"": device()}
         say_once(BNB_CAST_LOGGER)
@@ -185,16 +226,16 @@ def load_model_and_tokenizer(
     if not quantized:
         model.to(device())
     positions = _max_positions(model.config)
-    if positions and args.max_seq_length > positions:
-        raise UsageError(f"--max_seq_length={args.max_seq_length} exceeds the {positions} positions of "
+    if positions and settings.max_seq_length > positions:
+        raise UsageError(f"--max_seq_length={settings.max_seq_length} exceeds the {positions} positions of "
                          f"model {model_name!r}")
     model.config.pad_token_id = tokenizer.pad_token_id
     # transformers picks the loss from the class name, which GPT2LMHeadModel does not match: say it,
     # or it warns "loss_type=None ... unrecognized" at the first labelled forward pass
     model.loss_type = "ForCausalLM"
     if trainable and quantized:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    elif trainable and args.gradient_checkpointing:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=settings.gradient_checkpointing)
+    elif trainable and settings.gradient_checkpointing:
         # transformers 5.x renamed it (the old name warns); earlier 5.x releases have only the old one
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable()
@@ -210,29 +251,29 @@ def load_model_and_tokenizer(
             with _quiet_peft(), _damaged_weights(adapter_dir):
                 model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
         _check_finite_weights(model, adapter_dir, whole_model)
-    elif trainable and args.use_peft:
-        _check_lora_targets(model, args.lora_target_modules)
+    elif trainable and settings.use_peft:
+        _check_lora_targets(model, settings.lora_target_modules)
         config = LoraConfig(
-            r=args.peft_lora_r,
-            lora_alpha=args.peft_lora_alpha,
-            lora_dropout=args.lora_dropout,
-            target_modules=args.lora_target_modules,
+            r=settings.peft_lora_r,
+            lora_alpha=settings.peft_lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=None if settings.lora_target_modules is None else list(settings.lora_target_modules),
             bias="none",
             task_type="CAUSAL_LM",
             fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),
         )
         with _quiet_peft():
             model = get_peft_model(model, config)
-    if args.disable_dropout:
+    if settings.disable_dropout:
         disable_dropout(model)
     if not trainable:
         model.requires_grad_(False)
         model.eval()
     if shrink_head:
         shrink_lm_head(model, label_token_ids(tokenizer))
-    if args.contiguous_head:
+    if settings.contiguous_head:
         contiguous_head_input(model)
-    if args.adapter_autocast:
+    if settings.adapter_autocast:
         autocast_adapters(model)
     return model, tokenizer
 

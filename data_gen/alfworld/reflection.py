@@ -39,7 +39,7 @@ from data_gen.common import (
     usable_records,
 )
 from data_gen.common import journal_name as common_journal_name
-from envs import env_kwargs, make_env
+from envs import EnvSettings, env_kwargs, make_env
 from envs.base import rng_seed
 from experiment_args import require_env, run_script
 from utils.errors import UsageError
@@ -142,7 +142,7 @@ def main(args) -> int:
                          "give handcoded or planner")
     out_dir = Path(OUT_DIR if args.output_dir is None else args.output_dir)
     # The env names --alfworld_data and $ALFWORLD_DATA when neither gives a data root.
-    env = make_env("alfworld", **env_kwargs(args, run_dir=out_dir))
+    env = make_env("alfworld", **env_kwargs(EnvSettings.from_args(args), run_dir=out_dir))
     try:
         client = make_client(args)
         journal = Journal(out_dir, journal_name(args))
