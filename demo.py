@@ -207,7 +207,29 @@ def main(argv: list[str] | None = None) -> int:
         name = "paper_table-gpu.md" if options.profile in GPU_PROFILES else "paper_table.md"
         write_text_atomic(top / name, table)
         say(f"the paper's table beside ours ({top / name}):\n\n{table}")
+    elif options.model_name is not None and options.profile == "full" and options.learners is None:
+        name, table = pretrained_table(top, options.model_name)
+        write_text_atomic(top / name, table)
+        say(f"the paper's table beside ours on {Path(options.model_name).name}, every column of it finished so far "
+            f"({top / name}):\n\n{table}")
     return 0
+
+
+def pretrained_table(top: Path, model_name: str) -> tuple[str, str]:
+    """The paper's table on the pretrained ``model_name``: its file name, and the table over every column whose
+    recipe for that model has finished seeds under ``top`` (their ``results.json``; the others are "not run"), so
+    that columns run one at a time, in different sessions, make one table (docs/results/)."""
+    done = []
+    for recipe in RECIPES.values():
+        if recipe.pretrained is None:
+            continue
+        column = recipe.pretrained(model_name)
+        saved = column_dir(top, column) / "results.json"
+        if saved.is_file():
+            runs = json.loads(saved.read_text(encoding="utf-8"))
+            done.append((column, {int(seed): run for seed, run in runs.items()}))
+    label = Path(model_name).name
+    return f"paper_table-{label}.md", beside_the_paper(done, model=f"{label} under LoRA", where="CPU")
 
 
 def numerics(asked: bool) -> int | None:

@@ -402,6 +402,25 @@ def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_pretrained_models_table_joins_every_column_it_has_finished(tmp_path):
+    """Columns on a pretrained model run one at a time (a seed of AutoExplore spans sessions): the paper's table on
+    that model is made from every column whose results.json is on disk, the others "not run"."""
+    model = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    explore = RECIPES["auto_explore"].pretrained(model)
+    rows = [{"name": "SFT only", "levels": {"depth 1": {"success": 0.05}, "depth 2": {"success": 0.0}}},
+            {"name": "Reflect-RL", "levels": {"depth 1": {"success": 0.20}, "depth 2": {"success": 0.04}}}]
+    runs = {"0": {"results": rows}, "1": {"results": [{**rows[1], "levels": {"depth 1": {"success": 0.30},
+                                                                               "depth 2": {"success": 0.06}}}]}}
+    (tmp_path / explore.name).mkdir()
+    (tmp_path / explore.name / "results.json").write_text(json.dumps(runs))
+    name, table = demo.pretrained_table(tmp_path, model)
+    assert name == "paper_table-SmolLM2-135M-Instruct.Q4_1.gguf.md"
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf under LoRA, offline, CPU; seeds 0, 1" in table
+    reflect_rl = next(line for line in table.splitlines() if line.startswith("| Reflect-RL |"))
+    assert "| 25.0% (20.0–30.0) / 36% | 5.0% (4.0–6.0) / 17% | not run / 58% |" in reflect_rl  # Taxi pickup: not yet
+    assert "| 5.0% (5.0–5.0) / 4% |" in next(line for line in table.splitlines() if line.startswith("| SFT only |"))
+
+
 def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monkeypatch):
     recipe = RECIPES[TAXI.name]
     monkeypatch.setitem(RECIPES, TAXI.name, dataclasses.replace(recipe, budget=dict(recipe.budget, rl_batch=8)))
