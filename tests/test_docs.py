@@ -48,6 +48,16 @@ def test_the_readme_keeps_to_300_lines():
     assert len((REPO / "README.md").read_text().splitlines()) <= 300
 
 
+def test_every_module_keeps_to_400_lines_and_the_root_to_six():
+    """A module says one thing (a longer one is split by what it does), and the root holds the entry points and
+    the few modules every layer reads: the subsystems are packages (rollout/, evaluation/, ...)."""
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True)
+    modules = [REPO / name for name in tracked.stdout.split() if not name.startswith("tests/")]
+    long = {str(m.relative_to(REPO)): n for m in modules if (n := len(m.read_text().splitlines())) > 400}
+    assert not long, long
+    assert len([m for m in modules if m.parent == REPO]) <= 6
+
+
 def test_the_readme_shows_the_papers_table_of_its_page_cell_by_cell():
     readme = _section((REPO / "README.md").read_text(), "## The paper's table beside ours")
     shown, page = _table(readme, "| model / method"), _table(PAPER_TABLE.read_text(), "| model / method")
