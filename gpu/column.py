@@ -155,7 +155,8 @@ def pack(column_dir: Path, seed: int, out: Path, facts: dict, log: Path) -> list
     finished = folder / "finished.json"
     run = json.loads(finished.read_text(encoding="utf-8"))["run"] if finished.is_file() else None
     written.append(_write(out / "results.json", json.dumps({"facts": facts, "run": run}, indent=1) + "\n"))
-    written.append(_write(out / "metrics.jsonl", joined(folder / "runs", "rl-*/*_rl_finetune/metrics.jsonl", "run")))
+    written.append(_write(out / "metrics.jsonl", joined(folder / "runs", "rl-*/*_rl_finetune/metrics.jsonl", "run",
+                                                         newest_only=True)))
     written.append(_write(out / "episodes.jsonl", joined(folder / "runs", "evaluation*/*_evaluate/episodes.jsonl",
                                                          "evaluation")))
     tails = []
@@ -173,14 +174,26 @@ def pack(column_dir: Path, seed: int, out: Path, facts: dict, log: Path) -> list
     return written
 
 
-def joined(runs: Path, pattern: str, key: str) -> str:
-    """The JSON lines of every file ``pattern`` finds under ``runs``, each record with ``key``: the run folder it
-    came from (``rl-reflect-rl``, ``evaluation-2``)."""
+def joined(runs: Path, pattern: str, key: str, newest_only: bool = False) -> str:
+    """The JSON lines of every file ``pattern`` finds under ``runs``, each record with ``key``: the stage folder it
+    came from (``rl-reflect-rl``, ``evaluation-2``). With ``newest_only``, of a stage's run folders only the newest
+    is read: an RL stage that resumed (a window's end) carries its earlier iterations' records into its new run
+    folder, which would count them twice."""
+    found = sorted(runs.glob(pattern))
+    if newest_only:  # a stage folder's run folders are <id>_<script>: the highest id is the newest
+        newest = {stage: max((path.parent for path in found if path.parents[1] == stage), key=_run_id)
+                  for stage in {path.parents[1] for path in found}}
+        found = [path for path in found if path.parent == newest[path.parents[1]]]
     lines = []
-    for path in sorted(runs.glob(pattern)):
+    for path in found:
         lines += [json.dumps({key: path.parents[1].name, **json.loads(line)}) + "\n"
                   for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return "".join(lines)
+
+
+def _run_id(run_dir: Path) -> int:
+    """The number a run folder's name starts with (``utils.checkpoints.run_dirs``' order, without its imports)."""
+    return int(run_dir.name.split("_", 1)[0])
 
 
 def _write(path: Path, text: str) -> Path:

@@ -247,3 +247,19 @@ def test_a_record_too_large_to_come_back_is_packed_gzipped(tmp_path, monkeypatch
     small, large = column._write(tmp_path / "a.jsonl", "x\n" * 10), column._write(tmp_path / "b.jsonl", "y\n" * 2000)
     assert small.name == "a.jsonl" and large.name == "b.jsonl.gz" and large.stat().st_size <= 1000
     assert gzip.decompress(large.read_bytes()).decode() == "y\n" * 2000
+
+
+def test_a_resumed_rl_runs_iterations_come_back_once(tmp_path):
+    """An RL stage cut short by a window's end resumes in a new run folder, which carries the earlier iterations'
+    records (rl_finetune's _carry_metrics): only each stage's newest run folder is packed, so none counts twice;
+    every evaluation run folder's episodes are kept."""
+    runs = tmp_path / "runs"
+    for stage, run, steps in (("rl-reflect-rl", "3_rl_finetune", (1, 2)), ("rl-reflect-rl", "10_rl_finetune", (1, 2, 3)),
+                              ("rl-rlft-only", "4_rl_finetune", (1,))):
+        (runs / stage / run).mkdir(parents=True)
+        (runs / stage / run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in steps))
+    records = [json.loads(line) for line in
+               column.joined(runs, "rl-*/*_rl_finetune/metrics.jsonl", "run", newest_only=True).splitlines()]
+    assert [(r["run"], r["step"]) for r in records] == [("rl-reflect-rl", 1), ("rl-reflect-rl", 2),
+                                                        ("rl-reflect-rl", 3), ("rl-rlft-only", 1)]
+    assert len(column.joined(runs, "rl-*/*_rl_finetune/metrics.jsonl", "run").splitlines()) == 6
