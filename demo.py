@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(recipes) != 1 or len(seeds) != 1:
             cli.error("--check_reflectors: one --task and one --seed")
         (recipe,) = recipes
-        folder = column_dir(top, recipe) / f"seed-{seeds[0]}"
+        folder = column_dir(top, recipe.name) / f"seed-{seeds[0]}"
         try:
             say(check_reflectors(recipe, folder, options.check_reflectors))
         except ValueError as error:
@@ -193,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     for recipe in recipes:
         if recipe.notice:
             say(f"{recipe.title}, on {recipe.model_label}: {recipe.notice}")
-        root = column_dir(top, recipe)
+        root = column_dir(top, recipe.name)
         workers = options.workers or recipe.workers or WORKERS
-        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", workers, cores) for seed in seeds}
+        # a comparison of learners reads the data and SFT models of its column's seed (Recipe.shares)
+        runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", workers, cores,
+                                      column_dir(top, recipe.shares) / f"seed-{seed}" if recipe.shares else None)
+                for seed in seeds}
         report = seeds_report(recipe, runs)
         write_text_atomic(root / "results.md", report)
         write_json(root / "results.json", {str(s): r for s, r in runs.items()})
@@ -224,7 +227,7 @@ def pretrained_table(top: Path, model_name: str) -> tuple[str, str]:
         if recipe.pretrained is None:
             continue
         column = recipe.pretrained(model_name)
-        saved = column_dir(top, column) / "results.json"
+        saved = column_dir(top, column.name) / "results.json"
         if saved.is_file():
             runs = json.loads(saved.read_text(encoding="utf-8"))
             done.append((column, {int(seed): run for seed, run in runs.items()}))
@@ -253,15 +256,18 @@ def numerics(asked: bool) -> int | None:
     return None
 
 
-def column_dir(top: Path, recipe: Recipe) -> Path:
-    """Where a column's seeds and tables go: ``top`` itself for the default one (``make demo``), else a folder."""
-    return top if recipe.name == DEFAULT else top / recipe.name
+def column_dir(top: Path, name: str) -> Path:
+    """Where the seeds and tables of the column (recipe) ``name`` go: ``top`` itself for the default one (``make
+    demo``), else a folder."""
+    return top if name == DEFAULT else top / name
 
 
-def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores: int | None = None) -> dict:
+def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores: int | None = None,
+                    home: Path | None = None) -> dict:
     """A seed's results: read back from ``folder/finished.json`` if an earlier run of the same
     settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run, in the
-    same folder: each step keeps what finished with its key (:func:`runner.seed.run_seed`)."""
+    same folder: each step keeps what finished with its key (:func:`runner.seed.run_seed`; ``home``: the seed
+    folder whose data and SFT models it reads and, where they have not finished, makes)."""
     done = folder / FINISHED
     settings = json.loads(json.dumps({**recipe.settings(), "numerics": numerics_setting(cores)}))
     if done.is_file():
@@ -272,7 +278,7 @@ def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores
         say(f"seed {seed}: {done} was made with other settings; the steps they change run again")
         done.unlink()  # the folder's steps no longer all stand behind those results
     folder.mkdir(parents=True, exist_ok=True)
-    run = run_seed(recipe, seed, folder, workers, cores)
+    run = run_seed(recipe, seed, folder, workers, cores, home)
     write_json(done, {"settings": settings, "run": run})
     return run
 

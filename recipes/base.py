@@ -128,6 +128,10 @@ class Recipe:
     # RL stream i goes on in the process of SFT stream i, each run starting once its SFT models are trained, not
     # after every SFT: runs that read no long-trained model fill the time a long SFT (the reflector's) takes.
     overlap: bool = False
+    # The column (recipe name) whose seed folders hold this recipe's data and SFT models, read there or made there
+    # under the same keys (``--learners``: a comparison of RL learners trains no SFT model its column has); None:
+    # its own.
+    shares: str | None = None
     # What the runner says before the recipe starts, when this machine changes what to expect of it (e.g. a
     # CPU that computes in float32 where the recipe's times were measured in bfloat16); None: nothing.
     notice: str | None = None

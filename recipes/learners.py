@@ -12,9 +12,10 @@ run without reflection, once per learner, each at the same budget of environment
 PG and the group learners also train on up to ``rl_replay`` replayed successes (old episodes, no new play): the
 learners that replay by default (``rl_algorithms/defaults.py``) are given the recipe's count.
 
-The SFT models, the held-out evaluation and the validation panel are the column's, so every row is judged on
-the same episodes. Each learner's runs are named ``<learner>, with reflection`` and ``<learner>, w/o
-reflection``; the figures plot every learner's validation panel, with and without reflection.
+The data and SFT models are the column's own, read from (or made in) its seed folder, and the held-out
+evaluation and the validation panel are the column's, so every row is judged on the same episodes. Each learner's
+runs are named ``<learner>, with reflection`` and ``<learner>, w/o reflection``; the figures plot every learner's
+validation panel, with and without reflection.
 """
 
 import dataclasses
@@ -84,7 +85,7 @@ def compare(recipe: Recipe, learners: list[str], reflection: str = "both") -> Re
                                 f"{recipe.title}: learners, {kind}",
                                 tuple(run_name(learner, kind) for learner in learners)) for kind in kinds)
     return dataclasses.replace(
-        recipe, name=f"{recipe.name}-learners", title=f"{recipe.title}, learners compared", rl=rl,
+        recipe, name=f"{recipe.name}-learners", title=f"{recipe.title}, learners compared", rl=rl, shares=recipe.name,
         sft={role: spec for role, spec in recipe.sft.items() if role in used}, sft_streams=sft_streams,
         accuracy=recipe.accuracy if any(row.sft_role and row.reflector for row in rows) else None,
         rl_streams=tuple((name,) for name in rl), overlap=False, rows=tuple(rows), figures=figures, pretrained=None,

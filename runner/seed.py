@@ -43,11 +43,16 @@ def sft_checkpoint_of(recipe: Recipe, runs: Path, role: str, prefix: str = "") -
     return LatestRun(prefix, runs / f"sft-{role}", "supervised_pretrain", f"checkpoint-{recipe.sft[role].steps}")
 
 
-def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, cores: int | None = None) -> dict:
+def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, cores: int | None = None,
+             home: Path | None = None) -> dict:
     """The whole pipeline of ``recipe`` with training seed ``seed``; its report in ``folder/results.md``. ``cores``:
     the threads the stages share (the reference path's fixed count; None: this machine's cores), and so the
-    numerical path every step is keyed by. A step that finished with its key is kept, whatever else changed."""
-    data, runs, logs = folder / "data", folder / "runs", folder / "logs"
+    numerical path every step is keyed by. A step that finished with its key is kept, whatever else changed.
+    ``home``: the seed folder of the column whose data and SFT stages this one shares (``Recipe.shares``): they are
+    read, or run, there, under the same keys, so that a comparison of learners trains no model its column has."""
+    runs, logs = folder / "runs", folder / "logs"
+    home = home or folder
+    data, sft_runs, sft_logs = home / "data", home / "runs", home / "logs"
     budget, model = recipe.budget, list(recipe.model)
     numerics = numerics_setting(cores)
     timings: dict[str, float] = {}
@@ -63,22 +68,22 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     steps = recipe.data(recipe, seed, data)
     data_key = stage_key([f"{main.__module__} {' '.join(argv)}" for main, argv in steps], numerics)
     timed("data generation (oracle writer)", lambda: once(
-        logs, DATA, data_key, lambda _: [stages.call(main, argv) for main, argv in steps], folder=data))
-    markers = {DATA: done_marker(logs, DATA)}  # every finished step's done marker, by name, as the stages read them
+        sft_logs, DATA, data_key, lambda _: [stages.call(main, argv) for main, argv in steps], folder=data))
+    markers = {DATA: done_marker(sft_logs, DATA)}  # every finished step's done marker, by name, as the stages read them
 
     # --- 2. SFT, the reflector beside the policies; 3. RLFT, each variant playing the validation panel
     sft_names = {role: f"SFT of the {role} ({spec.file})" for role, spec in recipe.sft.items()}
 
     def sft_checkpoint(role: str, prefix: str = "") -> LatestRun:
-        return sft_checkpoint_of(recipe, runs, role, prefix)
+        return sft_checkpoint_of(recipe, sft_runs, role, prefix)
 
     def sft_stage(role: str) -> Stage:
         spec = recipe.sft[role]
         return Stage(sft_names[role], "supervised_pretrain", [
-            *model, f"--ckpt_path={runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
+            *model, f"--ckpt_path={sft_runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
             f"--max_steps={spec.steps}", f"--save_steps={recipe.save_every or spec.steps}", *recipe.sft_flags,
             f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}", *spec.flags],
-            logs / f"sft-{role}.log", needs=(DATA,), output=runs / f"sft-{role}")
+            sft_logs / f"sft-{role}.log", needs=(DATA,), output=sft_runs / f"sft-{role}")
 
     rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
                  f"--per_device_eval_batch_size={budget['rl_batch']}",

@@ -124,7 +124,7 @@ def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, 
     """finished_or_run's bookkeeping, around a stand-in for the pipeline (the real one: the test above)."""
     ran = []
 
-    def pipeline(recipe, seed, folder, workers, cores=None):
+    def pipeline(recipe, seed, folder, workers, cores=None, home=None):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "made.txt").write_text(str(len(ran)))
         ran.append((seed, recipe.budget["eval_episodes"]))
@@ -154,7 +154,7 @@ def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeyp
     finished.json is dropped first: its steps no longer all stand behind those results."""
     calls = []
 
-    def pipeline(recipe, seed, folder, workers, cores=None):
+    def pipeline(recipe, seed, folder, workers, cores=None, home=None):
         calls.append(sorted(path.name for path in folder.iterdir()))
         (folder / "kept.txt").write_text("made before the failure")
         if len(calls) == 1:
@@ -430,7 +430,11 @@ def test_learners_are_compared_at_the_same_episode_budget(tmp_path, small, monke
     learners = ["pg, with reflection", "refuel, with reflection", "gigpo, with reflection"]
     rows = [r["name"] for r in json.loads((root / "results.json").read_text())["0"]["results"]]
     assert rows == ["SFT only, with reflection", *learners]  # no run starts from the plain SFT policy
-    assert sorted(path.name for path in (root / "seed-0" / "runs").glob("sft-*")) == ["sft-policy", "sft-reflector"]
+    # the column's data and SFT models, made in its own seed folder (make demo's), where its run keeps them
+    assert sorted(path.name for path in (tmp_path / "demo" / "seed-0" / "runs").glob("sft-*")) == \
+        ["sft-policy", "sft-reflector"]
+    assert (tmp_path / "demo" / "seed-0" / "logs" / "sft-policy.done.json").is_file()
+    assert not list((root / "seed-0" / "runs").glob("sft-*")) and not (root / "seed-0" / "data").exists()
     folder = root / "seed-0"
     assert (folder / "learners_with_reflection.png").stat().st_size > 10_000
     played, trainers, replay = {}, {}, {}

@@ -200,7 +200,7 @@ def _fake_run(recipe, success: float) -> dict:
 def test_task_all_runs_every_recipe_and_writes_the_papers_table_beside_ours(tmp_path, monkeypatch):
     played = []
 
-    def finished(recipe, seed, folder, workers, cores=None):
+    def finished(recipe, seed, folder, workers, cores=None, home=None):
         played.append((recipe.name, seed))
         return _fake_run(recipe, {0: 0.10, 1: 0.30}[seed])
 
