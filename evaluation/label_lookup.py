@@ -1,0 +1,118 @@
+"""python -m evaluation.label_lookup --model_name=M --load_dir=CKPT --task_file=TEXTS.jsonl [--use_peft --cpu_bf16]:
+how often a policy puts the right label first among the labels its prompt shows, reading the SFT texts' own
+analyses (teacher-forced: the oracle's reflection, not a reflector's), by how many labels are shown.
+
+It separates the policy's half of a two-player episode from the reflector's: a policy that cannot find the label of
+the command a right analysis names fails whatever the reflector writes. AutoExplore's menus list 3 to 90 commands
+(one ``cd``, ``cat`` and ``id`` per file), each under a random label, and the label stands before its command, so the
+policy must look back from the command the analysis names to the label in front of it. Give it SFT texts the policy
+was not trained on (the validation tasks' texts, ``data_gen.auto_explore.gen_sft --task_file=<data>/validate.json
+--output_dir=...``) to choose an SFT budget, and its training texts to tell under-fitting from over-fitting. The
+table goes to stdout and, with ``--output_dir``, to ``label_lookup.json`` there.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiment_args import run_script
+from prompts import ACTION_MARKER, completion_start
+from rollout import PolicyScorer
+from utils import models
+from utils.errors import UsageError
+from utils.io import write_json
+
+PROG = "python -m evaluation.label_lookup"
+BUCKETS = ((1, 10), (11, 30), (31, None))  # labels shown: a Taxi or ALFWorld menu, a folder, a package's top folder
+
+
+def shown_labels(prompt: str, alphabet: dict[str, int]) -> list[str]:
+    """The labels of the menu a policy prompt ends with: its last run of ``<label>. <command>`` lines."""
+    lines = prompt[:prompt.rindex(ACTION_MARKER)].splitlines()  # the marker ends the menu's last line
+    found = []
+    for line in reversed(lines):
+        label = re.match(r"(\S+)\. ", line)
+        if label is None or label.group(1) not in alphabet:
+            break
+        found.append(label.group(1))
+    return found[::-1]
+
+
+def bucket_name(low: int, high: int | None) -> str:
+    return f"{low}-{high}" if high is not None else f"{low}+"
+
+
+def lookup(scorer: PolicyScorer, texts: list[str], batch: int) -> list[tuple[int, bool, float]]:
+    """Per text: how many labels its menu shows, whether the policy ranks the text's own label first among them,
+    and that label's negative log-probability (over the shown labels)."""
+    items = []
+    for number, text in enumerate(texts, 1):
+        cut = completion_start(text)
+        prompt, label = text[:cut], text[cut:].strip()
+        shown = shown_labels(prompt, scorer.label_index)
+        if label not in shown:
+            raise UsageError(f"--task_file: text {number} is not a policy text whose label is among those it shows "
+                             f"(label {label[:40]!r}, shown {shown[:5]}...)")
+        items.append((prompt, label, [scorer.label_index[s] for s in shown]))
+    found = []
+    with torch.no_grad():
+        for start in range(0, len(items), batch):
+            chunk = items[start:start + batch]
+            logp = scorer.logprobs([prompt for prompt, _, _ in chunk], [valid for _, _, valid in chunk]).logprobs
+            for (_, label, valid), row in zip(chunk, logp):
+                found.append((len(valid), int(row.argmax()) == scorer.label_index[label],
+                              float(-row[scorer.label_index[label]])))
+    return found
+
+
+def table(found: list[tuple[int, bool, float]]) -> dict[str, dict]:
+    """Per bucket of labels shown, and over all: texts, the share ranked first, the mean negative log-probability,
+    and a uniform pick's share (the mean of 1/shown)."""
+    rows = {}
+    for name, keep in [*((bucket_name(low, high), lambda k, low=low, high=high: low <= k <= (high or k))
+                         for low, high in BUCKETS), ("all", lambda k: True)]:
+        kept = [(k, first, nll) for k, first, nll in found if keep(k)]
+        if kept:
+            rows[name] = {"texts": len(kept), "first": float(np.mean([first for _, first, _ in kept])),
+                          "nll": float(np.mean([nll for _, _, nll in kept])),
+                          "uniform": float(np.mean([1 / k for k, _, _ in kept]))}
+    return rows
+
+
+def markdown(rows: dict[str, dict], where: str) -> str:
+    lines = [f"Right label ranked first, teacher-forced ({where}):", "",
+             "| labels shown | texts | right label first | uniform pick | mean NLL |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {r['texts']} | {r['first']:.3f} | {r['uniform']:.3f} | {r['nll']:.2f} |"
+              for name, r in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(args) -> int:
+    if not args.task_file or not Path(args.task_file).is_file():
+        raise UsageError(f"--task_file: {args.task_file or '(none)'} is not a file of SFT policy texts (JSON lines)")
+    texts = []
+    for number, line in enumerate(Path(args.task_file).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            texts.append(json.loads(line)["text"])
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise UsageError(f"--task_file: line {number} of {args.task_file} is not {{\"text\": ...}} ({error})") from None
+    policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=args.load_dir,
+                                                        trainable=False)
+    policy.eval()
+    scorer = PolicyScorer(policy, tokenizer, args.max_seq_length, temperature=1.0)
+    rows = table(lookup(scorer, texts, args.per_device_eval_batch_size))
+    print(markdown(rows, f"{args.load_dir or args.model_name} on {args.task_file}"), flush=True)
+    if args.output_dir:
+        write_json(Path(args.output_dir) / "label_lookup.json", {"load_dir": args.load_dir, "texts": args.task_file,
+                                                                  "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, PROG))
