@@ -138,8 +138,8 @@ class HeldOutPanel:
     """
 
     def __init__(self, args, run_dir: Path | None, labels=None):
-        self.envs = [make_env(args.env, **env_kwargs(EnvSettings.from_args(args), evaluation=True, run_dir=run_dir,
-                                                     labels=labels))
+        settings = EnvSettings.from_args(args)
+        self.envs = [make_env(args.env, **env_kwargs(settings, evaluation=True, run_dir=run_dir, labels=labels))
                      for _ in range(args.per_device_eval_batch_size)]
         self.starts = validation_episodes(args, self.envs[0], args.eval_panel)
 
@@ -154,7 +154,8 @@ def run(args, eval_load_list: list[dict]) -> EvaluationRun:
     """Check every configuration, play those the journal does not hold, then write the run folder."""
     configs = load_configs(args, eval_load_list)
     labels = models.policy_labels(args.model_name)  # every configuration shares the base model, so its choice labels
-    envs = [make_env(args.env, **env_kwargs(EnvSettings.from_args(args), evaluation=True, labels=labels))
+    settings = EnvSettings.from_args(args)
+    envs = [make_env(args.env, **env_kwargs(settings, evaluation=True, labels=labels))
             for _ in range(args.per_device_eval_batch_size)]
     try:
         starts = test_episodes(args, envs[0], args.eval_reps, args.eval_level_episodes)

@@ -39,12 +39,13 @@ def run_gpt_evaluation(args, script: str, reps: int) -> int:
 
 def _evaluate(args, script: str, reps: int) -> int:
     client = make_client(args)
-    pool = EnvPool(lambda: make_env(args.env, **env_kwargs(EnvSettings.from_args(args), evaluation=True)))
+    env_settings = EnvSettings.from_args(args)
+    pool = EnvPool(lambda: make_env(args.env, **env_kwargs(env_settings, evaluation=True)))
     try:
         with pool.env() as env:
             starts = test_episodes(args, env, reps)
         # The journal is the model's (api, name), not the address's: a restarted server resumes it.
-        settings = (args.env, sorted(env_kwargs(EnvSettings.from_args(args), evaluation=True).items()),
+        settings = (args.env, sorted(env_kwargs(env_settings, evaluation=True).items()),
                     [episode_key(start) for start in starts], api_instructions(args.env), args.gpt_protocol)
         journal = Journal(args.ckpt_path, journal_name(script, f"{args.api}-{args.model}", args.seed, *settings))
 

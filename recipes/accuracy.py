@@ -24,7 +24,8 @@ def reflector_accuracy(advised_command: Callable[[str | None], str | None]) -> C
 
     def accuracy(recipe, eval_args, config: dict, split: str = "held-out") -> dict[str, list]:
         labels = models.policy_labels(eval_args.model_name)
-        envs = [make_env(eval_args.env, **env_kwargs(EnvSettings.from_args(eval_args), evaluation=True, labels=labels))
+        settings = EnvSettings.from_args(eval_args)
+        envs = [make_env(eval_args.env, **env_kwargs(settings, evaluation=True, labels=labels))
                 for _ in range(eval_args.per_device_eval_batch_size)]
         try:
             starts = SPLITS[split](eval_args, envs[0], recipe.budget["accuracy_episodes"])
