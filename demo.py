@@ -269,7 +269,8 @@ def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores
     same folder: each step keeps what finished with its key (:func:`runner.seed.run_seed`; ``home``: the seed
     folder whose data and SFT models it reads and, where they have not finished, makes)."""
     done = folder / FINISHED
-    settings = json.loads(json.dumps({**recipe.settings(), "numerics": numerics_setting(cores)}))
+    settings = {**recipe.settings(seed, (home or folder) / "data"), "numerics": numerics_setting(cores)}
+    settings = json.loads(json.dumps(settings))
     if done.is_file():
         saved = json.loads(done.read_text(encoding="utf-8"))
         if saved.get("settings") == settings:

@@ -64,8 +64,12 @@ HOLDOUT_REPO = "tqdm"  # no training, validation or test task comes from it: the
 # SFT step over 16 of them takes about 18 s on one core; at 60, 305 (reflections) and 500 (policy), 3 s and 9 s.
 VIEW = "--auto_explore_view_tokens=60"
 GENERALISATION_REPS = 4
-ACTIONS = ("--shuffle_action",)  # the paper's: each state's commands get random labels (gen_sft's data, too)
-TASK = ("--env=auto_explore", *ACTIONS, "--depth_curriculum", "--merge_first_two", VIEW)
+# The paper's choice labels: its SFT texts show each state's commands under the labels in order (its gen_sft.py resets
+# the copilot with shuffle_action=False), RL draws them at random (its README's rl_finetune command passes
+# --shuffle_action=True) and evaluation shows them in order again (evaluate.py's default). So the task's flags have
+# none, and RL adds it; RL's validation panel plays RL's environment, with random labels.
+RL_ACTIONS = ("--shuffle_action",)
+TASK = ("--env=auto_explore", "--depth_curriculum", "--merge_first_two", VIEW)
 
 # The budget chosen on the validation split (docs/auto_explore.md, the ablation): step B.
 SFT = {
@@ -116,14 +120,14 @@ def data(recipe: Recipe, seed: int, out: Path) -> list:
         (reflection_negative.main, [*oracle, f"--task_file={chosen / 'data.json'}", f"--repo_dir={filtered}"]),
         (split_data.main, [*benchmark, f"--holdout_repo={HOLDOUT_REPO}",
                            f"--task_file={chosen / 'data_reflection_negative.json'}", f"--output_dir={out}"]),
-        (gen_sft.main, [*oracle, *ACTIONS, *view, f"--task_file={out / 'train.json'}",
+        (gen_sft.main, [*oracle, *view, f"--task_file={out / 'train.json'}",
                         f"--repo_dir={filtered}", f"--output_dir={out}"]),
     ]
 
 
 def rl_flags(recipe: Recipe, data_dir: Path) -> list[str]:
-    return [f"--task_file={data_dir / 'train.json'}", f"--validation_task_file={data_dir / 'validate.json'}",
-            f"--repo_dir={data_dir / 'repos_filtered'}"]
+    return [*RL_ACTIONS, f"--task_file={data_dir / 'train.json'}",
+            f"--validation_task_file={data_dir / 'validate.json'}", f"--repo_dir={data_dir / 'repos_filtered'}"]
 
 
 def evaluation_on(split: str, *flags: str) -> Evaluation:

@@ -212,9 +212,15 @@ class Recipe:
                             **({"eval_level_episodes": 4} if self.budget.get("eval_level_episodes") else {}))
         return dataclasses.replace(small, extra=self.extra | self.smoke_extra)
 
-    def settings(self) -> dict:
-        """Every setting of a seed's pipeline: a finished seed is reused only under the same."""
+    def data_commands(self, seed: int, data: Path) -> list[str]:
+        """Each data step of training seed ``seed`` writing its folder ``data``, as one line: module and arguments."""
+        return [f"{main.__module__} {' '.join(argv)}" for main, argv in self.data(self, seed, data)]
+
+    def settings(self, seed: int = 0, data: Path = Path("data")) -> dict:
+        """Every setting of a seed's pipeline (training seed ``seed``, its data folder ``data``): a finished seed is
+        reused only under the same."""
         return {"task": list(self.task), "model": list(self.model), "sft_flags": list(self.sft_flags),
+                "data": self.data_commands(seed, data), "rl_flags": self.rl_flags(self, data),
                 "sft": {k: vars(v) for k, v in self.sft.items()}, "rl": {k: vars(v) for k, v in self.rl.items()},
                 "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra,
                 # only where set: seeds finished before the field existed saved at the last step alike

@@ -1,7 +1,8 @@
 """One training seed of a recipe (``demo.py``): data, SFT and RLFT side by side, every row evaluated on the held-out
 episodes, the reflector's accuracy, then the seed's report (:func:`run_seed`). Each step is keyed by what it
-computes from (:mod:`runner.stages`): the data step's token keys every stage (they read its folder), an SFT's the
-RL runs and evaluations that read its checkpoint, an RL run's the evaluations of its rows."""
+computes from (:mod:`runner.stages`): an SFT by the bytes of its texts, the data step's token every other stage
+(they read its folder), an SFT's the RL runs and evaluations that read its checkpoint, an RL run's the evaluations
+of its rows."""
 
 import json
 import re
@@ -12,6 +13,7 @@ import yaml
 
 from evaluation import evaluate
 from experiment_args import parse_args
+from prompts import LABEL_FILE
 from recipes.base import Evaluation, Recipe
 from rl_algorithms.defaults import replays
 from runner import stages
@@ -33,7 +35,7 @@ from runner.stages import (
 from utils import metrics
 from visualization import plot
 
-DATA = "data"  # the data step's name among the stages (its marker: logs/data.done.json); every stage reads its folder
+DATA = "data"  # the data step's name among the stages (its marker: logs/data.done.json); RL and evaluation read its folder
 ACCURACY = "reflector-accuracy.json"  # in a seed's logs: the reflector's accuracy, with the key it was measured under
 
 
@@ -66,7 +68,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
 
     # --- 1. data: its folder emptied when its key changed (its steps keep journals, of one key only)
     steps = recipe.data(recipe, seed, data)
-    data_key = stage_key([f"{main.__module__} {' '.join(argv)}" for main, argv in steps], numerics)
+    data_key = stage_key(recipe.data_commands(seed, data), numerics)
     timed("data generation (oracle writer)", lambda: once(
         sft_logs, DATA, data_key, lambda _: [stages.call(main, argv) for main, argv in steps], folder=data))
     markers = {DATA: done_marker(sft_logs, DATA)}  # every finished step's done marker, by name, as the stages read them
@@ -83,7 +85,10 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
             *model, f"--ckpt_path={sft_runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
             f"--max_steps={spec.steps}", f"--save_steps={recipe.save_every or spec.steps}", *recipe.sft_flags,
             f"--learning_rate={spec.learning_rate}", f"--lr_scheduler_type={spec.schedule}", *spec.flags],
-            sft_logs / f"sft-{role}.log", needs=(DATA,), output=sft_runs / f"sft-{role}")
+            # keyed by the bytes of its texts (and the labels they were written with), not the data step's token: a
+            # data step run again that writes this role's texts alike keeps its model
+            sft_logs / f"sft-{role}.log", output=sft_runs / f"sft-{role}",
+            files=(data / spec.file, *[path for path in (data / LABEL_FILE,) if path.is_file()]))
 
     rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
                  f"--per_device_eval_batch_size={budget['rl_batch']}",

@@ -3,11 +3,13 @@ stream, the streams side by side in processes of their own (:func:`run_side_by_s
 log.
 
 A stage is keyed by what it computes from (:func:`stage_key`): its command, its other inputs, the run's numerical
-path and a token of each stage whose output it reads, drawn afresh each time that stage finishes. A stage whose done
+path, a token of each stage whose output it reads, drawn afresh each time that stage finishes, and the bytes of
+each file it names as its own (an SFT's texts: a data step that runs again and writes them alike keeps it). A stage whose done
 marker holds its key is kept (:func:`once`), so a changed setting runs again only the stages it reaches; a stage cut
 short continues in its folder, from its newest whole checkpoint where its script resumes (``--resume_from``)."""
 
 import contextlib
+import hashlib
 import importlib
 import json
 import multiprocessing
@@ -58,12 +60,26 @@ def done_marker(logs: Path, name: str) -> Path:
 
 
 def stage_key(command: list[str], numerics: dict | str, inputs: tuple[str, ...] = (),
-              reads: dict[str, str] | None = None) -> dict:
+              reads: dict[str, str] | None = None, files: dict[str, str] | None = None) -> dict:
     """What a stage computes from, as its markers hold it (plain JSON): its ``command`` (the module and the
     arguments as they ran, ``--resume_from`` never among them), the ``inputs`` its command does not name, the
-    run's ``numerics`` (:func:`numerics_setting`) and the token of each stage it ``reads``, by name."""
-    return json.loads(json.dumps({"command": list(command), "inputs": list(inputs), "numerics": numerics,
-                                  "reads": dict(sorted((reads or {}).items()))}))
+    run's ``numerics`` (:func:`numerics_setting`), the token of each stage it ``reads``, by name, and the digest
+    of each of its ``files`` (:func:`file_digests`), by path; a key without files has no such entry."""
+    key = {"command": list(command), "inputs": list(inputs), "numerics": numerics,
+           "reads": dict(sorted((reads or {}).items())), **({"files": dict(sorted(files.items()))} if files else {})}
+    return json.loads(json.dumps(key))
+
+
+def file_digests(paths: tuple[Path, ...]) -> dict[str, str]:
+    """The SHA-256 of each file's bytes, by path; a file another stage should have written and did not is an
+    error naming it."""
+    digests = {}
+    for path in paths:
+        if not path.is_file():
+            raise RuntimeError(f"a stage reads {path}, which does not exist: did the stage that writes it finish?")
+        with path.open("rb") as handle:
+            digests[str(path)] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return digests
 
 
 def tokens(markers: dict[str, Path]) -> dict[str, str]:
@@ -103,6 +119,8 @@ class Stage:
     when it starts), its output in ``log``; ``inputs``: what else it reads that its command does not name (an
     evaluation's list of rows), so that a changed one runs it again; ``needs``: the stages (by name) whose
     output it reads, which must have finished before it starts, and whose tokens are part of its key;
+    ``files``: files it reads whose bytes key it in place of the token of the stage that wrote them (that stage
+    must have finished before this one is queued);
     ``output``: the folder it writes (its ``--ckpt_path``), its alone: emptied before it runs afresh, so that it
     only ever holds the run of one key and :func:`latest_run` never finds a stale one."""
 
@@ -112,6 +130,7 @@ class Stage:
     log: Path
     inputs: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
+    files: tuple[Path, ...] = ()
     output: Path | None = None
 
     @property
@@ -133,7 +152,7 @@ def _run_stages(stages: list[Stage], threads: int, numerics: dict | str = NATIVE
     for stage in stages:
         argv = [str(item) for item in stage.argv]
         reads = tokens({name: (markers or {})[name] for name in stage.needs})
-        key = stage_key([stage.module, *argv], numerics, stage.inputs, reads)
+        key = stage_key([stage.module, *argv], numerics, stage.inputs, reads, file_digests(stage.files))
         seconds[stage.name] = once(stage.log.parent, stage.log.stem, key,
                                    lambda resume, stage=stage, argv=argv: _continue(stage, argv, resume),
                                    folder=stage.output, resumable=stage.module in RESUME_STATE)

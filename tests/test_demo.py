@@ -202,6 +202,27 @@ def test_a_finished_stage_is_kept_and_a_failed_or_changed_one_runs_again(tmp_pat
     assert ran[-1] == "trains"
 
 
+def test_a_stage_keyed_by_its_files_runs_again_only_when_their_bytes_change(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(stages, "call", lambda main, argv: ran.append(argv[0]))
+    logs, texts = tmp_path / "logs", tmp_path / "data" / "texts.jsonl"
+    queued = [stages.Stage("trains", "demo", ["trains"], logs / "trains.log", files=(texts,))]
+    with pytest.raises(RuntimeError, match=r"reads .*texts\.jsonl, which does not exist"):
+        stages._run_stages(queued, 1)
+    texts.parent.mkdir()
+    texts.write_text("a\n")
+    stages._run_stages(queued, 1)
+    texts.unlink()
+    texts.write_text("a\n")  # written again, alike (a data step that ran again): kept
+    stages._run_stages(queued, 1)
+    assert ran == ["trains"]
+    texts.write_text("b\n")
+    stages._run_stages(queued, 1)
+    assert ran == ["trains", "trains"]
+    assert stages.stage_key(["x"], "native") == stages.stage_key(["x"], "native", files={})  # no files: no entry
+    assert "files" not in stages.stage_key(["x"], "native")
+
+
 def test_stage_output_goes_to_its_log_whoever_writes_it(tmp_path, capfd):
     import logging
     import os

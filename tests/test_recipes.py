@@ -9,6 +9,7 @@ import re
 import pytest
 
 import demo
+from prompts import LABELS
 from recipes import DEFAULT, RECIPES
 from recipes.auto_explore import HOLDOUT_REPO
 from recipes.base import RUNNER_BUDGET
@@ -51,6 +52,26 @@ def test_auto_explore_data_keeps_evaluation_apart(tmp_path):
     depths = {t["n_level"] for t in splits["test"]}
     assert {1, 2} <= depths
     assert (tmp_path / "sft_reflection_positive.jsonl").is_file() and (tmp_path / "sft_policy.jsonl").is_file()
+
+
+def test_auto_explore_labels_are_the_papers_in_order_for_sft_and_evaluation_and_random_in_rl(tmp_path):
+    """The paper's gen_sft writes its texts with the labels in order (shuffle_action=False), its RL command passes
+    --shuffle_action=True, and its evaluation keeps the default (in order)."""
+    from recipes import auto_explore
+
+    recipe = RECIPES["auto_explore"]
+    steps = recipe.data(recipe, 0, tmp_path)
+    assert not any("--shuffle_action" in argv for _, argv in steps)
+    assert "--shuffle_action" not in recipe.task and "--shuffle_action" in recipe.rl_flags(recipe, tmp_path)
+    assert "--shuffle_action" not in runner_seed.evaluation_argv(recipe, recipe.evaluations["held-out"], tmp_path)
+    pretrained = auto_explore.on_pretrained("tiny-gpt2")
+    assert pretrained.task == recipe.task and "--shuffle_action" in pretrained.rl_flags(pretrained, tmp_path)
+    for main, argv in steps:
+        stages.call(main, argv)
+    texts = [json.loads(line)["text"] for line in (tmp_path / "sft_policy.jsonl").read_text().splitlines()]
+    for text in texts:
+        menu = text.rsplit("# Choose from below your command\n", 1)[1].split(" # Action:", 1)[0].splitlines()
+        assert [line.split(". ", 1)[0] for line in menu] == list(LABELS[: len(menu)])
 
 
 @pytest.mark.slow
@@ -357,3 +378,17 @@ def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypat
     changed = sorted(name for name in again if again[name] != tokens.get(name))
     assert changed and all(name.startswith(("rl-", "evaluation")) for name in changed), changed
     assert all(again[name] == tokens[name] for name in tokens if name.startswith(("sft-", "data")))
+
+    # a data step that writes the policies' texts otherwise (random labels) and the reflectors' alike: the
+    # reflectors' SFT is kept (keyed by its texts' bytes), the policies' runs again, and what reads them
+    from data_gen.auto_explore import gen_sft
+
+    def shuffled(recipe, seed, out):
+        return [(main, [*argv, "--shuffle_action"] if main is gen_sft.main else argv)
+                for main, argv in auto_explore.data(recipe, seed, out)]
+
+    monkeypatch.setattr(auto_explore, "on_pretrained", lambda model_name: dataclasses.replace(bigger, data=shuffled))
+    assert demo.main(command) == 0
+    third = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
+    kept = sorted(name for name in third if third[name] == again.get(name))
+    assert kept == ["sft-reflector.done.json", "sft-reflector_positive.done.json"], kept

@@ -48,6 +48,10 @@ class FakeScripts:
             out = Path(_flag(argv, "output_dir") or Path(_flag(argv, "task_file")).parent)
             out.mkdir(parents=True, exist_ok=True)
             (out / f"{module}.txt").write_text(" ".join(argv))
+            if module.endswith(".gen_sft"):  # the SFT texts: the reflector's from the episodes, the policies' also
+                episodes = (out / "data_gen.taxi.reflection.txt").read_text()  # from gen_sft's own flags
+                for role, spec in TAXI.sft.items():
+                    (out / spec.file).write_text(episodes + ("" if role == "reflector" else " ".join(argv)))
             if self.ran[-1:] != ["data"]:
                 self.ran.append("data")
             return
@@ -178,6 +182,22 @@ def test_changed_data_settings_run_every_step_again_from_an_emptied_data_folder(
     assert _run(fake, more, folder) == STEPS
     assert not (folder / "data" / "journal of other settings.jsonl").exists()
     assert "--num_episodes=21" in (folder / "data" / "data_gen.taxi.reflection.txt").read_text()
+
+
+def test_data_that_writes_a_roles_texts_alike_keeps_its_sft(tmp_path, fake):
+    """SFT stages are keyed by the bytes of their texts, not the data step's token: a data step run again for a flag
+    that changes only the policies' texts retrains the policies and what reads them, not the reflector."""
+    recipe, folder = _recipe(fake), tmp_path / "seed-0"
+    _run(fake, recipe, folder)
+    before = _tokens(folder)
+
+    def flagged(recipe, seed, out):
+        return [(main, [*argv, "--seed=7"] if main.__module__.endswith(".gen_sft") else argv)
+                for main, argv in TAXI.data(recipe, seed, out)]
+
+    assert _run(fake, dataclasses.replace(recipe, data=flagged), folder) == [step for step in STEPS
+                                                                             if step != "sft-reflector"]
+    assert _tokens(folder)["sft-reflector"] == before["sft-reflector"]
 
 
 def test_the_numerical_path_is_part_of_every_key(tmp_path, fake):
