@@ -4,8 +4,9 @@ analyses (teacher-forced: the oracle's reflection, not a reflector's), by how ma
 
 It separates the policy's half of a two-player episode from the reflector's: a policy that cannot find the label of
 the command a right analysis names fails whatever the reflector writes. AutoExplore's menus list 3 to 90 commands
-(one ``cd``, ``cat`` and ``id`` per file), each under a random label, and the label stands before its command, so the
-policy must look back from the command the analysis names to the label in front of it. Give it SFT texts the policy
+(one ``cd``, ``cat`` and ``id`` per file), each under a label (in order in the paper's SFT texts and evaluation, at
+random in its RL: ``--shuffle_action``), and the label stands before its command, so the policy must look back from
+the command the analysis names to the label in front of it. Give it SFT texts the policy
 was not trained on (the validation tasks' texts, ``data_gen.auto_explore.gen_sft --task_file=<data>/validate.json
 --output_dir=...``) to choose an SFT budget, and its training texts to tell under-fitting from over-fitting. The
 table goes to stdout and, with ``--output_dir``, to ``label_lookup.json`` there.
@@ -30,64 +31,93 @@ PROG = "python -m evaluation.label_lookup"
 BUCKETS = ((1, 10), (11, 30), (31, None))  # labels shown: a Taxi or ALFWorld menu, a folder, a package's top folder
 
 
-def shown_labels(prompt: str, alphabet: dict[str, int]) -> list[str]:
-    """The labels of the menu a policy prompt ends with: its last run of ``<label>. <command>`` lines."""
+NEAR = 2  # menu lines: a wrong pick this close to the right one is a near miss
+
+
+def shown_menu(prompt: str, alphabet: dict[str, int]) -> list[tuple[str, str]]:
+    """The (label, command) lines of the menu a policy prompt ends with: its last run of ``<label>. <command>``."""
     lines = prompt[:prompt.rindex(ACTION_MARKER)].splitlines()  # the marker ends the menu's last line
     found = []
     for line in reversed(lines):
-        label = re.match(r"(\S+)\. ", line)
+        label = re.match(r"(\S+)\. (.*)", line)
         if label is None or label.group(1) not in alphabet:
             break
-        found.append(label.group(1))
+        found.append((label.group(1), label.group(2)))
     return found[::-1]
+
+
+def shown_labels(prompt: str, alphabet: dict[str, int]) -> list[str]:
+    """The labels of the menu a policy prompt ends with (:func:`shown_menu`)."""
+    return [label for label, _ in shown_menu(prompt, alphabet)]
+
+
+def miss_kind(commands: list[str], right: int, chosen: int) -> str | None:
+    """What a pick at menu line ``chosen`` is, the right one being line ``right``: None where it is right, "same
+    name" where it is another command on the same entry (``id load.py`` for ``cat load.py``), "near" where it is
+    at most :data:`NEAR` lines away, else "far"."""
+    if chosen == right:
+        return None
+    if commands[chosen].split(" ", 1)[-1] == commands[right].split(" ", 1)[-1]:
+        return "same name"
+    return "near" if abs(chosen - right) <= NEAR else "far"
 
 
 def bucket_name(low: int, high: int | None) -> str:
     return f"{low}-{high}" if high is not None else f"{low}+"
 
 
-def lookup(scorer: PolicyScorer, texts: list[str], batch: int) -> list[tuple[int, bool, float]]:
-    """Per text: how many labels its menu shows, whether the policy ranks the text's own label first among them,
-    and that label's negative log-probability (over the shown labels)."""
+def lookup(scorer: PolicyScorer, texts: list[str], batch: int) -> list[tuple[int, str | None, float]]:
+    """Per text: how many labels its menu shows, what the policy's first-ranked label among them is
+    (:func:`miss_kind`: None where it is the text's own label) and that label's negative log-probability (over the
+    shown labels)."""
     items = []
     for number, text in enumerate(texts, 1):
         cut = completion_start(text)
         prompt, label = text[:cut], text[cut:].strip()
-        shown = shown_labels(prompt, scorer.label_index)
-        if label not in shown:
+        menu = shown_menu(prompt, scorer.label_index)
+        labels = [shown for shown, _ in menu]
+        if label not in labels:
             raise UsageError(f"--task_file: text {number} is not a policy text whose label is among those it shows "
-                             f"(label {label[:40]!r}, shown {shown[:5]}...)")
-        items.append((prompt, label, [scorer.label_index[s] for s in shown]))
+                             f"(label {label[:40]!r}, shown {labels[:5]}...)")
+        items.append((prompt, labels.index(label), menu))
     found = []
     with torch.no_grad():
         for start in range(0, len(items), batch):
             chunk = items[start:start + batch]
-            logp = scorer.logprobs([prompt for prompt, _, _ in chunk], [valid for _, _, valid in chunk]).logprobs
-            for (_, label, valid), row in zip(chunk, logp):
-                found.append((len(valid), int(row.argmax()) == scorer.label_index[label],
-                              float(-row[scorer.label_index[label]])))
+            valid = [[scorer.label_index[label] for label, _ in menu] for _, _, menu in chunk]
+            logp = scorer.logprobs([prompt for prompt, _, _ in chunk], valid).logprobs
+            for (_, right, menu), ids, row in zip(chunk, valid, logp):
+                chosen = ids.index(int(row.argmax()))  # the argmax is among the shown labels (the others are masked)
+                found.append((len(menu), miss_kind([command for _, command in menu], right, chosen),
+                              float(-row[ids[right]])))
     return found
 
 
-def table(found: list[tuple[int, bool, float]]) -> dict[str, dict]:
-    """Per bucket of labels shown, and over all: texts, the share ranked first, the mean negative log-probability,
-    and a uniform pick's share (the mean of 1/shown)."""
+MISSES = ("same name", "near", "far")
+
+
+def table(found: list[tuple[int, str | None, float]]) -> dict[str, dict]:
+    """Per bucket of labels shown, and over all: texts, the share ranked first, the shares of each kind of miss
+    (:data:`MISSES`), the mean negative log-probability, and a uniform pick's share (the mean of 1/shown)."""
     rows = {}
     for name, keep in [*((bucket_name(low, high), lambda k, low=low, high=high: low <= k <= (high or k))
                          for low, high in BUCKETS), ("all", lambda k: True)]:
-        kept = [(k, first, nll) for k, first, nll in found if keep(k)]
+        kept = [(k, miss, nll) for k, miss, nll in found if keep(k)]
         if kept:
-            rows[name] = {"texts": len(kept), "first": float(np.mean([first for _, first, _ in kept])),
+            rows[name] = {"texts": len(kept), "first": float(np.mean([miss is None for _, miss, _ in kept])),
+                          **{kind: float(np.mean([miss == kind for _, miss, _ in kept])) for kind in MISSES},
                           "nll": float(np.mean([nll for _, _, nll in kept])),
                           "uniform": float(np.mean([1 / k for k, _, _ in kept]))}
     return rows
 
 
 def markdown(rows: dict[str, dict], where: str) -> str:
-    lines = [f"Right label ranked first, teacher-forced ({where}):", "",
-             "| labels shown | texts | right label first | uniform pick | mean NLL |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {name} | {r['texts']} | {r['first']:.3f} | {r['uniform']:.3f} | {r['nll']:.2f} |"
-              for name, r in rows.items()]
+    lines = [f"Right label ranked first, teacher-forced ({where}); a wrong first pick is another command on the "
+             f"same name, within {NEAR} lines of the right one, or farther:", "",
+             "| labels shown | texts | right label first | same name | near | far | uniform pick | mean NLL |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {r['texts']} | {r['first']:.3f} | {r['same name']:.3f} | {r['near']:.3f} | {r['far']:.3f} "
+              f"| {r['uniform']:.3f} | {r['nll']:.2f} |" for name, r in rows.items()]
     return "\n".join(lines) + "\n"
 
 

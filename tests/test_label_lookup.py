@@ -25,6 +25,13 @@ def test_the_menu_is_the_last_run_of_labelled_lines():
     assert label_lookup.shown_labels(prompt, {label: i for i, label in enumerate(LABELS)}) == list(LABELS[::-1][:4])
 
 
+def test_a_wrong_pick_is_told_apart_by_what_it_shares_with_the_right_one():
+    commands = ["cd ..", "cd utils", "cat a.py", "cat load.py", "cat b.py", "id a.py", "id load.py", "id b.py"]
+    right = commands.index("cat load.py")
+    kinds = [label_lookup.miss_kind(commands, right, chosen) for chosen in range(len(commands))]
+    assert kinds == ["far", "near", "near", None, "near", "near", "same name", "far"]
+
+
 def test_each_text_is_ranked_and_bucketed_by_the_labels_it_shows(tmp_path, capsys):
     texts = [policy_text(3, 1), policy_text(5, 0), policy_text(12, 7), policy_text(40, 33)]
     task_file = tmp_path / "texts.jsonl"
@@ -36,6 +43,8 @@ def test_each_text_is_ranked_and_bucketed_by_the_labels_it_shows(tmp_path, capsy
     assert {name: row["texts"] for name, row in rows.items()} == {"1-10": 2, "11-30": 1, "31+": 1, "all": 4}
     assert rows["1-10"]["uniform"] == pytest.approx((1 / 3 + 1 / 5) / 2)
     assert all(0 <= row["first"] <= 1 and row["nll"] > 0 for row in rows.values())
+    # every text's first pick is right or one kind of miss
+    assert all(row["first"] + sum(row[kind] for kind in label_lookup.MISSES) == pytest.approx(1) for row in rows.values())
     assert "| 31+ | 1 |" in capsys.readouterr().out
 
 
