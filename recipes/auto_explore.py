@@ -176,15 +176,18 @@ PRETRAINED_SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", 
                         "--disable_dropout")
 PRETRAINED_POLICY_LEARNING_RATE = 1e-3  # the pretrained Taxi recipe's (chosen there on SmolLM2's validation episodes)
 PRETRAINED_REFLECTOR_LEARNING_RATE = 2e-3  # with a cosine decay: the pretrained Taxi recipe's
-PRETRAINED_REFLECTOR_STEPS = 300
-PRETRAINED_POLICY_STEPS = 240
+PRETRAINED_REFLECTOR_STEPS = 300  # the validation pilot's best: advice right in 24 / 30 / 31% of states at 100 / 200 / 300
+# 60: on validation the SFT policy puts the right label first as often after 60 steps as after 240 (39.6% of 235
+# texts at both, 35.7% at 120; evaluation.label_lookup, docs/auto_explore.md), at a quarter of the time
+PRETRAINED_POLICY_STEPS = 60
 _REFLECTOR = SFTRole("sft_reflection.jsonl", PRETRAINED_REFLECTOR_STEPS, PRETRAINED_REFLECTOR_LEARNING_RATE, "cosine")
 _POLICY = SFTRole("sft_policy.jsonl", PRETRAINED_POLICY_STEPS, PRETRAINED_POLICY_LEARNING_RATE)
 PRETRAINED_SFT = {"reflector": _REFLECTOR, "policy": _POLICY, "plain": dataclasses.replace(_POLICY, file="sft.jsonl"),
                   "reflector_positive": dataclasses.replace(_REFLECTOR, file="sft_reflection_positive.jsonl"),
                   "policy_positive": dataclasses.replace(_POLICY, file="sft_policy_positive.jsonl")}
-# Two SFT streams of about equal time (one thread each): a policy's step costs about twice a reflector's.
-PRETRAINED_SFT_STREAMS = (("reflector", "reflector_positive", "plain"), ("policy", "policy_positive"))
+# Two SFT streams of about equal time (one thread each): a reflector's 300 steps take about 26 min, a policy's 60
+# about 11 (a policy's step costs about twice a reflector's).
+PRETRAINED_SFT_STREAMS = (("reflector", "plain"), ("reflector_positive", "policy", "policy_positive"))
 PRETRAINED_RL_ITERATIONS = 20
 # The paper's RL rate; 100 held-out episodes a depth (the tiny-gpt2 column's 200 would take about an hour of the
 # seed: 80 validation episodes of a row that reflects took 430 s on one core, two thirds of it the policy's reading of
@@ -209,8 +212,9 @@ def on_pretrained(model_name: str) -> Recipe:
         departures=(
             (f"SFT of {PRETRAINED_POLICY_STEPS} (policies) and {PRETRAINED_REFLECTOR_STEPS} steps (reflectors) of 8 "
              f"texts, {PRETRAINED_RL_ITERATIONS} RL iterations of {BUDGET['rl_batch']} episodes (the paper: more)",
-             "a seed of about 3 hours on 2 CPU cores (docs/auto_explore.md: each stage's cost); the steps are the "
-             "validation pilot's, not yet chosen against others"),
+             "a seed of about 2.5 hours on 2 CPU cores (docs/auto_explore.md: each stage's cost); both chosen on "
+             "validation: the policy's right label as often first at 60 steps as at 240, the reflector's advice "
+             "right a little more often at 300 than at 200"),
             ("file views of ~60 tokens (the paper: ~500)", "a CPU budget: the texts' length decides an SFT step's cost"),
             ("repositories from installed packages, tasks and reflections from offline oracle writers (the paper: "
              "GitHub repositories, GPT-4)", "offline and deterministic"),
