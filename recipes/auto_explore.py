@@ -194,6 +194,10 @@ PRETRAINED_RL_ITERATIONS = 20
 # its prompts), and the held-out repository's tasks twice each.
 PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": 2e-4, "eval_level_episodes": 100}
 PRETRAINED_GENERALISATION_REPS = 2
+# The evaluation answers a policy prompt seen again from memory (rollout.policy.PolicyMemo): a test task is played 8-13
+# times to reach 100 episodes a depth, its episodes pass the same states, and with greedy reflections the same state
+# gives the same prompt. The same choices to rounding; the policy's reading was two thirds of an episode's time.
+PRETRAINED_POLICY_MEMO = "--policy_memo"
 PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a checkpoint at most this many steps old
 PRETRAINED_FLOAT32_NOTICE = f"{FLOAT32} (docs/auto_explore.md)"
 
@@ -206,8 +210,9 @@ def on_pretrained(model_name: str) -> Recipe:
         sft_streams=PRETRAINED_SFT_STREAMS, rl=gpu.iterations(RL, PRETRAINED_RL_ITERATIONS),
         # one RL stream: each run has both cores (as the pretrained Taxi recipe's)
         rl_streams=(tuple(RL),), budget=PRETRAINED_BUDGET, pretrained=None, save_every=PRETRAINED_SAVE_EVERY,
-        evaluations={**RECIPE.evaluations, "generalisation": evaluation_on(
-            "holdout.json", f"--eval_reps={PRETRAINED_GENERALISATION_REPS}", "--eval_level_episodes=0")},
+        evaluations={"held-out": evaluation_on("test.json", PRETRAINED_POLICY_MEMO), "generalisation": evaluation_on(
+            "holdout.json", PRETRAINED_POLICY_MEMO, f"--eval_reps={PRETRAINED_GENERALISATION_REPS}",
+            "--eval_level_episodes=0")},
         notice=PRETRAINED_FLOAT32_NOTICE if in_float32() else None,
         departures=(
             (f"SFT of {PRETRAINED_POLICY_STEPS} (policies) and {PRETRAINED_REFLECTOR_STEPS} steps (reflectors) of 8 "

@@ -35,7 +35,7 @@ import torch
 
 from envs.base import TextEnv
 from prompts import policy_prompt, reflection_prompt
-from rollout.policy import Choice, PolicyScorer, _device, entropy_of
+from rollout.policy import Choice, PolicyMemo, PolicyScorer, _device, entropy_of
 from rollout.records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
 from rollout.reflector import ReflectionMemo, ReflectorGeneration
 from utils import log_filters, models
@@ -53,6 +53,7 @@ class TwoPlayerRollout(ReflectorGeneration):
                  temperature: float = 1.0, max_seq_length: int = 1024, reflect_max_new_tokens: int = 100,
                  greedy: bool = False, top_p: float = 1.0, top_k: int = 0, reflect_one_line: bool = True,
                  mask_invalid: bool = True, reflection_memo: bool = True, prefix_cache: bool = True,
+                 policy_memo: bool = False,
                  static_cache: bool = False, argmax_top1: bool = True, draft_tokens: int = 0,
                  packed_weights: bool = False):
         self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
@@ -76,6 +77,7 @@ class TwoPlayerRollout(ReflectorGeneration):
         self.memo = ReflectionMemo(reflector) if reflection_memo and deterministic and reflector is not None else None
         # The prompts' shared prefixes, read once per batch (utils/kv_cache.py)
         self.policy_prefix = PrefixKV(policy) if prefix_cache else None
+        self.policy_memo = PolicyMemo(policy) if policy_memo else None  # choices without gradient only
         self.reflect_prefix = PrefixKV(reflector) if prefix_cache and reflector is not None else None
         self.static_cache = static_cache
         # greedy reflections check guessed tokens, up to this many a forward pass (utils/draft_decoding.py)
@@ -127,7 +129,7 @@ class TwoPlayerRollout(ReflectorGeneration):
                    reflect_prob=args.reflect_prob, temperature=args.temperature, max_seq_length=args.max_seq_length,
                    reflect_max_new_tokens=args.reflect_max_new_tokens, top_p=args.top_p, top_k=args.top_k,
                    reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
-                   reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache,
+                   reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache, policy_memo=args.policy_memo,
                    static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens,
                    packed_weights=args.packed_weights)
 
@@ -143,16 +145,22 @@ class TwoPlayerRollout(ReflectorGeneration):
         if not prompts:
             return []
         rows = [None] * len(prompts)
+        self.stats.decisions += len(prompts)
         if keep:
             with torch.enable_grad():  # the rows too: a view taken under no_grad would not reach the graph
                 scores = self.scorer.logprobs(prompts, valid)
                 rows = list(scores.logprobs.unbind(0))
+            logp = scores.logprobs.detach().cpu()
+        elif self.policy_memo is not None:
+            logp, hits, scores = self.policy_memo.lookup(
+                prompts, valid, lambda texts, labels: self.scorer.logprobs(texts, labels, prefix=self.policy_prefix))
+            self.stats.policy_hits += hits
         else:
             scores = self.scorer.logprobs(prompts, valid, prefix=self.policy_prefix)
-        self.stats.truncated += scores.truncated
-        self.stats.policy_tokens += scores.tokens
-        self.stats.decisions += len(prompts)
-        logp = scores.logprobs.detach().cpu()
+            logp = scores.logprobs.detach().cpu()
+        if scores is not None:
+            self.stats.truncated += scores.truncated
+            self.stats.policy_tokens += scores.tokens
         if self.greedy:
             actions = logp.argmax(-1)
         else:

@@ -1,7 +1,8 @@
 """The policy's side of the two-player rollout: one batched forward pass gives the log-probabilities of the choice
 labels after each policy prompt (:class:`PolicyScorer`, read by the rollout and by the learners' updates), the
-passes a training rollout keeps for the update (:class:`KeptPasses`), and the left-cut, left-padded batches both
-players' prompts are read in (:func:`cut_left`, :func:`pad_left`)."""
+passes a training rollout keeps for the update (:class:`KeptPasses`), the memo of a frozen policy's answers by
+prompt (:class:`PolicyMemo`), and the left-cut, left-padded batches both players' prompts are read in
+(:func:`cut_left`, :func:`pad_left`)."""
 
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -59,6 +60,31 @@ class KeptPasses:
                 taken.append(entry[1])
         self.rows.clear()
         return taken
+
+
+class PolicyMemo:
+    """The label log-probabilities the policy gave, by prompt and valid labels, for choices made without gradient
+    (``--policy_memo``): a prompt seen again (AutoExplore's states recur across the episodes of one task) is not read
+    again. Valid only at the weights it was filled under (the same check as :class:`KeptPasses`'s): an optimiser step
+    or weights swapped in empty it. Equal to reading the prompt again up to rounding, as the prompt's row would sit in
+    another batch, of another width."""
+
+    def __init__(self, policy):
+        self.rows: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+        self.watch = WeightsWatch(policy)
+
+    def lookup(self, prompts: list[str], valid: list[list[int]], score) -> tuple[torch.Tensor, int, "LabelScores | None"]:
+        """Each prompt's row of label log-probs (on the CPU), the number answered from memory, and the scores of
+        the pass ``score(prompts, valid)`` made for the others (each distinct prompt read once), if one was."""
+        if self.watch.changed():
+            self.rows.clear()
+        keys = [(prompt, tuple(labels)) for prompt, labels in zip(prompts, valid)]
+        missing = list(dict.fromkeys(key for key in keys if key not in self.rows))
+        scores = None
+        if missing:
+            scores = score([prompt for prompt, _ in missing], [list(labels) for _, labels in missing])
+            self.rows.update(zip(missing, scores.logprobs.detach().cpu().unbind(0)))
+        return torch.stack([self.rows[key] for key in keys]), len(keys) - len(missing), scores
 
 
 @dataclass

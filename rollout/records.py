@@ -81,6 +81,7 @@ class RolloutStats:
     truncated: int = 0  # prompts cut from the left at max_seq_length
     episodes: int = 0  # episodes played, a learner's extra ones (REFUEL's branches) included
     decisions: int = 0
+    policy_hits: int = 0  # of those, answered from the policy's memo (PolicyMemo, --policy_memo) without a pass
     reflections: int = 0  # reflections asked for
     reflection_hits: int = 0  # of those, answered from the memo (ReflectionMemo) without generating
     drafts: DraftStats = field(default_factory=DraftStats)  # guessed reflection tokens (--draft_tokens)

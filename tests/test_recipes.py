@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -353,6 +354,9 @@ def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypat
     assert "--attn_implementation=sdpa" in recipe.model and "--use_peft" in recipe.model
     assert "--disable_dropout" in recipe.sft_flags and recipe.save_every and len(recipe.rl_streams) == 1
     assert {role for stream in recipe.sft_streams for role in stream} == set(recipe.sft)
+    # every evaluation answers a recurring prompt from the policy's memo (RL's flags do not: its weights move)
+    assert all("--policy_memo" in evaluation.flags(Path("data")) for evaluation in recipe.evaluations.values())
+    assert "--policy_memo" not in recipe.rl_flags(recipe, Path("data"))
     small = dataclasses.replace(
         recipe.scaled({role: 2 for role in recipe.sft}, 2, eval_level_episodes=2, panel_every=4, accuracy_episodes=1,
                       eval_batch=8),

@@ -392,6 +392,55 @@ def test_packed_reflector_weights_keep_the_episodes(players):
     assert not any("forward" in vars(m) for m in players[2].modules())
 
 
+@pytest.mark.parametrize("top_k", [1, 0])  # greedy and sampled reflections
+def test_the_policy_memo_keeps_the_episodes_and_reads_fewer_prompts(players, top_k):
+    """--policy_memo: a prompt seen again (Taxi's states recur across a batch's episodes) is answered from memory;
+    the same choices and reflections, log-probs equal to rounding (the row is not read again in another batch)."""
+    plain, reference = _play_memo(players, top_k=top_k)
+    memo, with_memo = _play_memo(players, top_k=top_k, policy_memo=True)
+    assert plain.policy_memo is None and plain.stats.policy_hits == 0
+    for ours, theirs in zip(_episodes(with_memo), _episodes(reference), strict=True):
+        assert [(d["action"], d["reflection"]) for d in ours] == [(d["action"], d["reflection"]) for d in theirs]
+        assert np.allclose([d["logprob"] for d in ours], [d["logprob"] for d in theirs], atol=1e-5)
+    assert memo.stats.decisions == plain.stats.decisions > memo.stats.policy_hits
+    if top_k == 1:  # greedy reflections: a recurring state's prompt recurs (sampled ones seldom write it again)
+        assert memo.stats.policy_hits > 0
+        assert memo.stats.policy_tokens < plain.stats.policy_tokens  # the prompts answered from memory were not read
+
+
+def test_a_change_of_the_policy_weights_empties_its_memo(players):
+    policy, tokenizer, _, _ = players
+    rollout = TwoPlayerRollout(policy, tokenizer, policy_memo=True)
+    env = make_env("taxi", labels=rollout.labels)
+    obs, info = env.reset(seed=0)
+    prompts, valid = [obs + "\n"] * 2, [[rollout.scorer.label_index[label] for label in info["labels"]]] * 2
+    first = rollout.act(prompts, valid, torch.Generator().manual_seed(0))
+    assert rollout.stats.policy_hits == 1  # the same prompt twice in one batch: read once
+    weight = next(p for p in policy.parameters() if p.requires_grad)
+    with torch.no_grad():
+        weight.add_(1.0)  # an in-place change, as an optimiser step makes
+    try:
+        moved = rollout.act(prompts[:1], valid[:1], torch.Generator().manual_seed(0))
+    finally:
+        with torch.no_grad():
+            weight.sub_(1.0)
+    assert rollout.stats.policy_hits == 1  # read again under the new weights, not answered from the old ones
+    assert moved[0].logprob != first[0].logprob
+    # a pass kept for the update (with gradient) never comes from the memo
+    rollout.act(prompts[:1], valid[:1], torch.Generator().manual_seed(0), keep=True)
+    assert rollout.stats.policy_hits == 1
+
+
+def test_the_policy_memo_is_off_unless_asked_for(players):
+    from experiment_args import parse_args
+
+    policy, tokenizer, reflector, reflect_tokenizer = players
+    for flags, on in (([], False), (["--policy_memo"], True)):
+        args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", *flags])
+        assert (TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer).policy_memo
+                is not None) is on
+
+
 def test_the_cache_flags_reach_the_rollout(players):
     from experiment_args import parse_args
 

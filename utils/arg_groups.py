@@ -242,6 +242,11 @@ class RLArguments(_Group):
         True, "Read the prompt prefix a batch's rows share (the reflector's instruction, an ALFWorld room) once, and "
         "give every row its keys and values; kept while the weights stay the same (same choices, log-probs equal "
         "to rounding; --no_prefix_cache: every row reads its whole prompt).")
+    policy_memo: bool = _arg(
+        False, "Remember the policy's label log-probs by prompt while its weights stay the same, and answer a prompt "
+        "seen again from memory (choices without gradient: evaluation, a rollout without --reuse_rollout_pass). The "
+        "same distribution to rounding, as the row is not read again in another batch; off by default, so that the "
+        "learner goldens keep their bytes.")
     draft_tokens: int = _arg(
         4, "Greedy reflections: guess up to DRAFT_TOKENS tokens of each reflection from text it is likely to repeat "
         "(the episode's previous reflection, its own text so far) and check them in one forward pass, keeping those "
