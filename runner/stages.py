@@ -336,8 +336,9 @@ def run_side_by_side(streams: list[list[Stage]], workers: int, finished: dict[st
     else:
         threads = stage_threads(workers, len(streams), cores)
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
+        # one stage a process: a process that trained a model keeps its peak memory (glibc's heap) until it ends
         with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=exit_with,
-                                 initargs=(os.getpid(),)) as pool:
+                                 initargs=(os.getpid(),), max_tasks_per_child=1) as pool:
             running: dict = {}  # future -> its stream
             while any(pending):
                 for i in ready(set(running.values())):

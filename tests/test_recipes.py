@@ -345,14 +345,17 @@ def test_the_pretrained_taxi_recipe_runs_its_rl_one_run_at_a_time_on_every_core(
 def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypatch):
     """The AutoExplore column's recipe for a pretrained model (``demo.py --task auto_explore --model_name ...``) at a
     tiny budget, on tiny-gpt2 under its LoRA adapter: its model flags (sdpa attention), its SFT flags (no dropout),
-    its two SFT streams and one RL stream, its checkpoints every few steps, six rows on both depths; then the same
-    command again reads the seed back, and a changed RL budget re-runs the RL runs and the evaluation only."""
+    its two SFT streams with the RL runs going on in them, its checkpoints every few steps, six rows on both depths;
+    then the same command again reads the seed back, and a changed RL budget re-runs the RL runs and the evaluation
+    only."""
     from recipes import auto_explore
     from tests.test_demo import ONE_PROCESS
 
     recipe = auto_explore.on_pretrained("tiny-gpt2")
     assert "--attn_implementation=sdpa" in recipe.model and "--use_peft" in recipe.model
-    assert "--disable_dropout" in recipe.sft_flags and recipe.save_every and len(recipe.rl_streams) == 1
+    assert "--disable_dropout" in recipe.sft_flags and recipe.save_every
+    # the RL runs go on in the SFT streams: each stream's runs read only models trained before them or beside them
+    assert recipe.overlap and {name for stream in recipe.rl_streams for name in stream} == set(recipe.rl)
     assert {role for stream in recipe.sft_streams for role in stream} == set(recipe.sft)
     # every evaluation answers a recurring prompt from the policy's memo (RL's flags do not: its weights move)
     assert all("--policy_memo" in evaluation.flags(Path("data")) for evaluation in recipe.evaluations.values())
