@@ -176,7 +176,8 @@ PRETRAINED_SFT_FLAGS = ("--per_device_train_batch_size=8", "--group_by_length", 
                         "--disable_dropout")
 PRETRAINED_POLICY_LEARNING_RATE = 1e-3  # the pretrained Taxi recipe's (chosen there on SmolLM2's validation episodes)
 PRETRAINED_REFLECTOR_LEARNING_RATE = 2e-3  # with a cosine decay: the pretrained Taxi recipe's
-PRETRAINED_REFLECTOR_STEPS = 300  # the validation pilot's best: advice right in 24 / 30 / 31% of states at 100 / 200 / 300
+# 300: the validation pilot's best (advice right in 24 / 30 / 31% of states at 100 / 200 / 300 steps)
+PRETRAINED_REFLECTOR_STEPS = 300
 # 60: on validation the SFT policy puts the right label first as often after 60 steps as after 240 (39.6% of 235
 # texts at both, 35.7% at 120; evaluation.label_lookup, docs/auto_explore.md), at a quarter of the time
 PRETRAINED_POLICY_STEPS = 60
@@ -212,7 +213,8 @@ def on_pretrained(model_name: str) -> Recipe:
         RECIPE, name=f"{RECIPE.name}-{Path(model_name).name}", title=f"{RECIPE.title} (LoRA)",
         model=lora_model(model_name, PRETRAINED_ATTENTION), sft=PRETRAINED_SFT, sft_flags=PRETRAINED_SFT_FLAGS,
         sft_streams=PRETRAINED_SFT_STREAMS, rl=gpu.iterations(RL, PRETRAINED_RL_ITERATIONS),
-        rl_streams=PRETRAINED_RL_STREAMS, overlap=True, budget=PRETRAINED_BUDGET, pretrained=None, save_every=PRETRAINED_SAVE_EVERY,
+        rl_streams=PRETRAINED_RL_STREAMS, overlap=True, budget=PRETRAINED_BUDGET, pretrained=None,
+        save_every=PRETRAINED_SAVE_EVERY,
         evaluations={"held-out": evaluation_on("test.json", PRETRAINED_POLICY_MEMO), "generalisation": evaluation_on(
             "holdout.json", PRETRAINED_POLICY_MEMO, f"--eval_reps={PRETRAINED_GENERALISATION_REPS}",
             "--eval_level_episodes=0")},
