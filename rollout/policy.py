@@ -12,7 +12,7 @@ import torch
 from prompts import label_alphabet, label_token_ids
 from rollout.records import Decision
 from utils import lm_head
-from utils.kv_cache import PrefixKV, WeightsWatch
+from utils.kv_cache import PrefixKV, WeightsMemo, WeightsWatch
 
 
 class Choice(NamedTuple):
@@ -62,29 +62,24 @@ class KeptPasses:
         return taken
 
 
-class PolicyMemo:
+class PolicyMemo(WeightsMemo):
     """The label log-probabilities the policy gave, by prompt and valid labels, for choices made without gradient
     (``--policy_memo``): a prompt seen again (AutoExplore's states recur across the episodes of one task) is not read
     again. Valid only at the weights it was filled under (the same check as :class:`KeptPasses`'s): an optimiser step
     or weights swapped in empty it. Equal to reading the prompt again up to rounding, as the prompt's row would sit in
     another batch, of another width."""
 
-    def __init__(self, policy):
-        self.rows: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
-        self.watch = WeightsWatch(policy)
-
     def lookup(self, prompts: list[str], valid: list[list[int]], score) -> tuple[torch.Tensor, int, "LabelScores | None"]:
         """Each prompt's row of label log-probs (on the CPU), the number answered from memory, and the scores of
         the pass ``score(prompts, valid)`` made for the others (each distinct prompt read once), if one was."""
-        if self.watch.changed():
-            self.rows.clear()
+        rows = self.fresh()  # (prompt, valid labels) -> its row of label log-probs
         keys = [(prompt, tuple(labels)) for prompt, labels in zip(prompts, valid)]
-        missing = list(dict.fromkeys(key for key in keys if key not in self.rows))
+        missing = list(dict.fromkeys(key for key in keys if key not in rows))
         scores = None
         if missing:
             scores = score([prompt for prompt, _ in missing], [list(labels) for _, labels in missing])
-            self.rows.update(zip(missing, scores.logprobs.detach().cpu().unbind(0)))
-        return torch.stack([self.rows[key] for key in keys]), len(keys) - len(missing), scores
+            rows.update(zip(missing, scores.logprobs.detach().cpu().unbind(0)))
+        return torch.stack([rows[key] for key in keys]), len(keys) - len(missing), scores
 
 
 @dataclass

@@ -14,10 +14,10 @@ from rollout.policy import _device, cut_left, pad_left
 from rollout.records import _clocked
 from utils import lm_head
 from utils.draft_decoding import draft_source, greedy_with_drafts
-from utils.kv_cache import WeightsWatch
+from utils.kv_cache import WeightsMemo
 
 
-class ReflectionMemo:
+class ReflectionMemo(WeightsMemo):
     """The reflections a frozen reflector has written, by prompt: an exact cache where the same prompt always
     gives the same text (greedy reflections, ``--top_k 1``).
 
@@ -26,15 +26,6 @@ class ReflectionMemo:
     optimiser step) is compared at each use, and any change empties the memo. ``--no_reflection_memo``
     turns it off.
     """
-
-    def __init__(self, reflector):
-        self.texts: dict[tuple[int, ...], str] = {}
-        self.watch = WeightsWatch(reflector)
-
-    def check(self) -> None:
-        """Forget everything if the reflector's weights changed since the memo was filled."""
-        if self.watch.changed():
-            self.texts.clear()
 
 
 class ReflectorGeneration:
@@ -58,17 +49,16 @@ class ReflectorGeneration:
         self.stats.reflections += len(prompts)
         if self.memo is None:
             return self._generate(ids, seed, hints)
-        self.memo.check()
+        texts = self.memo.fresh()  # prompt ids -> its reflection
         keys = [tuple(x) for x in ids]
-        missing = dict.fromkeys(key for key in keys if key not in self.memo.texts)
+        missing = dict.fromkeys(key for key in keys if key not in texts)
         for key, hint in zip(keys, hints):
             if key in missing and missing[key] is None:
                 missing[key] = hint
         self.stats.reflection_hits += len(keys) - len(missing)
         if missing:
-            self.memo.texts.update(zip(missing, self._generate([list(key) for key in missing], seed,
-                                                               list(missing.values()))))
-        return [self.memo.texts[key] for key in keys]
+            texts.update(zip(missing, self._generate([list(key) for key in missing], seed, list(missing.values()))))
+        return [texts[key] for key in keys]
 
     def _generate(self, ids: list[list[int]], seed: int, hints: list[str | None]) -> list[str]:
         """One batched, seeded generation after each prompt's token ids (cut to length already): drafted

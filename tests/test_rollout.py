@@ -12,7 +12,7 @@ from envs import make_env
 from prompts import ACTION_MARKER, ANALYZE_MARKER, LABELS, clean_reflection, policy_prompt, reflection_prompt
 from rollout import Episode, EpisodeStart, PolicyScorer, TwoPlayerRollout
 from utils import lm_head, models
-from utils.kv_cache import PrefixKV, shared_length
+from utils.kv_cache import PrefixKV, WeightsMemo, shared_length
 from utils.packed_weights import available as packed_weights_available
 
 # Exactness is claimed in float32 without quantisation, on any device: a CUDA machine's defaults (8-bit
@@ -288,6 +288,20 @@ def test_the_flag_reaches_the_rollout(players):
         args = parse_args(["--model_name=tiny-gpt2", "--env=taxi", "--top_k=1", flag])
         rollout = TwoPlayerRollout.from_args(args, policy, tokenizer, reflector, reflect_tokenizer)
         assert (rollout.memo is not None) is on
+
+
+def test_a_weights_memo_keeps_its_entries_until_an_in_place_change():
+    """The base of the three memos (reflections, the policy's rows, PrefixKV's prefixes)."""
+    layer = torch.nn.Linear(2, 2)
+    memo = WeightsMemo(layer)
+    memo.fresh()["prompt"] = 1
+    assert memo.fresh() == {"prompt": 1} and memo.fresh() is memo  # no change: kept, however often it looks
+    with torch.no_grad():
+        layer.bias.add_(1.0)  # as an optimiser step
+    assert memo.fresh() == {}
+    memo["again"] = 2
+    layer.load_state_dict(layer.state_dict())  # weights loaded in place (the same values) bump the counters too
+    assert memo.fresh() == {}
 
 
 def test_a_change_of_the_reflector_weights_empties_the_memo(players):

@@ -57,6 +57,22 @@ class WeightsWatch:
         return changed
 
 
+class WeightsMemo(dict):
+    """A dict of what a model computed, valid only at the weights it was filled under: :meth:`fresh` empties it
+    where they changed since the last look (:class:`WeightsWatch`). The memos of a frozen player's answers and
+    :class:`PrefixKV`'s prefixes are of this kind."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.watch = WeightsWatch(model)
+
+    def fresh(self) -> WeightsMemo:
+        """The memo itself, emptied first if the weights changed."""
+        if self.watch.changed():
+            self.clear()
+        return self
+
+
 @dataclass
 class Prepared:
     """A batch laid out after a shared prefix (see :meth:`PrefixKV.prepare`)."""
@@ -71,13 +87,12 @@ class Prepared:
 
 class PrefixKV:
     """The keys and values of a batch's shared prompt prefix, computed at batch 1 and kept while the
-    model's weights stay the same (:class:`WeightsWatch`)."""
+    model's weights stay the same (:class:`WeightsMemo`)."""
 
     def __init__(self, model: torch.nn.Module, min_tokens: int = MIN_SHARED_TOKENS):
         self.model = model
         self.min_tokens = min_tokens
-        self.kept: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.watch = WeightsWatch(model)
+        self.kept = WeightsMemo(model)  # prefix ids -> its keys and values per layer, the newest last
         self.saved_tokens = 0  # prompt tokens not recomputed thanks to the prefix
 
     def prepare(self, ids: list[list[int]], pad_id: int, device, *, static_len: int | None = None) -> Prepared | None:
@@ -106,9 +121,7 @@ class PrefixKV:
                         shared * len(rows) + int(own_mask.sum()))
 
     def _prefix_kv(self, prefix: tuple[int, ...], device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if self.watch.changed():
-            self.kept.clear()
-        if prefix in self.kept:
+        if prefix in self.kept.fresh():
             self.kept[prefix] = self.kept.pop(prefix)  # the newest again
             return self.kept[prefix]
         cache = DynamicCache(config=self.model.config)
