@@ -4,6 +4,9 @@ portable leg, that the leg really runs on the AVX2 path."""
 
 import logging
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +121,42 @@ def test_rl_with_a_bfloat16_reflector_runs_an_iteration(make_args, tmp_path):
                      horizon=2, per_device_eval_batch_size=2, eval_steps=0, top_k=1)
     assert args.bf16 and args.packed_weights
     assert rl_finetune.main(args) == 0
+
+
+# What MKL is told of the CPU's vendor, put before libtorch's own answer (LD_PRELOAD): MKL takes one path on an Intel
+# CPU and another on any other vendor's, whatever MKL_CBWR says, except on its COMPATIBLE branch.
+VENDOR_SHIM = """int mkl_serv_intel_cpu_true(void) { return INTEL; }
+int mkl_serv_intel_cpu(void) { return INTEL; }
+"""
+# Float32 products at tiny-gpt2's and SmolLM2's shapes, with their gradients: the SHA-256 of each result's bytes.
+PRODUCTS = """import hashlib, torch
+torch.manual_seed(0); torch.set_num_threads(1)
+for m, k, n in [(1, 64, 64), (7, 64, 192), (33, 64, 256), (128, 64, 4096), (64, 576, 1536), (200, 256, 64)]:
+    a, b = torch.randn(m, k, requires_grad=True), torch.randn(k, n, requires_grad=True)
+    (a @ b).sum().backward()
+    print(hashlib.sha256((a @ b).detach().numpy().tobytes()).hexdigest(), hashlib.sha256(a.grad.numpy().tobytes()).hexdigest(),
+          hashlib.sha256(b.grad.numpy().tobytes()).hexdigest())
+"""
+
+
+def test_the_reference_path_gives_mkl_the_same_products_on_intel_and_on_other_cpus(tmp_path):
+    """The smoke golden's weights held on every AMD CPU and moved on Intel's (CI, 2026-12-02): MKL honours MKL_CBWR=AVX2
+    on Intel only. Told by a shim that the CPU is Intel's, and then that it is not, MKL must compute the reference
+    path's products to the bit; the shim's effect is checked too (the branch MKL reports for AVX2 moves with it)."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("needs a C compiler for the vendor shim")
+    shims = {}
+    for intel in (0, 1):
+        source = tmp_path / f"intel{intel}.c"
+        source.write_text(VENDOR_SHIM.replace("INTEL", str(intel)))
+        shims[intel] = tmp_path / f"intel{intel}.so"
+        subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shims[intel]), str(source)], check=True)
+
+    def run(intel: int, **variables: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, **cpu.PINNED, **variables, "LD_PRELOAD": str(shims[intel])}
+        return subprocess.run([sys.executable, "-c", PRODUCTS], env=env, capture_output=True, text=True, check=True)
+
+    branch = {intel: run(intel, MKL_VERBOSE="1", MKL_CBWR="AVX2,STRICT").stdout for intel in (0, 1)}
+    assert "CNR:AVX2,STRICT" in branch[1] and "CNR:AVX2,STRICT" not in branch[0], "the shim did not reach MKL"
+    assert run(0).stdout == run(1).stdout, "MKL's products on the reference path depend on the CPU's vendor"

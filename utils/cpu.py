@@ -51,7 +51,9 @@ EMULATED_BF16 = "1.2 GFLOP/s against 148 in float32 on a 2-core AVX2 EPYC, about
 PINNED = {
     "ATEN_CPU_CAPABILITY": "avx2",  # ATen's kernels 256 bits wide: their sums in one order everywhere
     "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN's products (the float32 packed weights) by its AVX2 kernels
-    "MKL_CBWR": "AVX2,STRICT",  # MKL's float32 products: one code path on Intel and AMD alike
+    # MKL's float32 products on its one branch that is the same code on Intel and AMD: MKL ignores every other
+    # branch (AVX2 included) on a CPU that is not Intel's and takes its own path there (MKL_VERBOSE: CNR:AUTO)
+    "MKL_CBWR": "COMPATIBLE,STRICT",
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",  # NumPy's kernels without AVX-512 (numpy>=2.4 names)
 }
 PINNED_CORES = 2  # demo.py shares this many threads among the stages that run at once, whatever the machine has
