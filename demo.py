@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
                           "its Reflect-RL and w/o-reflection runs once per learner, results in <task>-learners/")
     cli.add_argument("--reflection", default="both", choices=learners.REFLECTION,
                      help="with --learners: each learner's runs with reflection, without, or both")
+    cli.add_argument("--rows", nargs="+", metavar="ROW",
+                     help="only these rows of the column's table (names as the table gives them, e.g. 'SFT only' "
+                          "Reflect-RL), and only the stages they read; a later run of every row in the same folder "
+                          "keeps those stages")
     cli.add_argument("--profile", default="full", choices=PROFILES,
                      help="full: the recipe's budget; smoke: every stage at a few steps, minutes of CPU (the pipeline "
                           "checked end to end; tests/golden/demo_smoke.md is its table on the reference path); gpu: "
@@ -178,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
             cli.error(str(error))
     elif options.reflection != "both":
         cli.error("--reflection: only with --learners")
+    if options.rows is not None:
+        if options.learners is not None:
+            cli.error("--rows: not with --learners (a comparison of learners has rows of its own)")
+        try:
+            recipes = [recipe.only(options.rows) for recipe in recipes]
+        except ValueError as error:
+            cli.error(str(error))
     if options.check_reflectors is not None:
         if len(recipes) != 1 or len(seeds) != 1:
             cli.error("--check_reflectors: one --task and one --seed")

@@ -212,6 +212,39 @@ class Recipe:
                             **({"eval_level_episodes": 4} if self.budget.get("eval_level_episodes") else {}))
         return dataclasses.replace(small, extra=self.extra | self.smoke_extra)
 
+    def only(self, names: list[str]) -> "Recipe":
+        """This recipe with the rows ``names`` only (``demo.py --rows``), and only the stages they read: the SFT roles
+        and RL runs of those rows, in the streams they had. Its name and every kept stage's command are this
+        recipe's, so the same seed folder keeps them for a later run of every row (which plays the evaluation
+        again: its rows are shared out otherwise)."""
+        known = [row.name for row in self.rows]
+        if not names or len(set(names)) != len(names) or not set(names) <= set(known):
+            raise ValueError(f"--rows: each a row of {self.name} ({', '.join(map(repr, known))}), once; got {names}")
+        rows = tuple(row for row in self.rows if row.name in names)
+        rl = {name: variant for name, variant in self.rl.items()
+              if any(row.policy == f"rl:{name}" for row in rows)}
+        used = {role for row in rows for role in (row.sft_role, row.reflector)}
+        used |= {role for variant in rl.values() for role in (variant.policy, variant.reflector)}
+        sft_streams = tuple(tuple(role for role in stream if role in used) for stream in self.sft_streams)
+        rl_streams = tuple(tuple(name for name in stream if name in rl) for stream in self.rl_streams)
+        if self.overlap:  # stream i's SFT and RL stay paired; a pair left with nothing goes
+            pairs = [(sft, runs) for sft, runs in zip(sft_streams, rl_streams) if sft or runs]
+            sft_streams, rl_streams = tuple(sft for sft, _ in pairs), tuple(runs for _, runs in pairs)
+        else:
+            sft_streams, rl_streams = (tuple(stream for stream in streams if stream)
+                                       for streams in (sft_streams, rl_streams))
+        evaluations = {name: evaluation if evaluation.rows is None else dataclasses.replace(
+            evaluation, rows=tuple(row for row in evaluation.rows if row in names))
+            for name, evaluation in self.evaluations.items()}
+        return dataclasses.replace(
+            self, rows=rows, rl=rl, sft={role: spec for role, spec in self.sft.items() if role in used},
+            sft_streams=sft_streams, rl_streams=rl_streams,
+            evaluations={name: evaluation for name, evaluation in evaluations.items() if evaluation.rows != ()},
+            accuracy=self.accuracy if any(row.sft_role and row.reflector for row in rows) else None,
+            figures=tuple(dataclasses.replace(figure, variants=tuple(name for name in figure.variants if name in rl),
+                                              shift=tuple(item for item in figure.shift if item[0] in rl))
+                          for figure in self.figures if set(figure.variants) & set(rl)))
+
     def data_commands(self, seed: int, data: Path) -> list[str]:
         """Each data step of training seed ``seed`` writing its folder ``data``, as one line: module and arguments."""
         return [f"{main.__module__} {' '.join(argv)}" for main, argv in self.data(self, seed, data)]

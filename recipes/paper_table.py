@@ -2,7 +2,8 @@
 ``results/demo/paper_table.md`` from every recipe's seeds.
 
 The paper's numbers live here and nowhere else. A column is named as the recipe's main evaluation names
-it; a column no recipe reports yet is shown with the paper's numbers and "not run".
+it; a column no recipe reports yet, or a row of it not run (``demo.py --rows``), is shown with the paper's numbers
+and "not run".
 """
 
 import numpy as np
@@ -56,7 +57,7 @@ def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2", where: str = "C
     seeds = sorted({seed for _, runs in recipe_runs for seed in runs})
     lines = [f"# The paper's table beside ours ({model}, offline, {where}; seeds {', '.join(map(str, seeds))})", "",
              "Each cell: our mean success over the seeds (min–max) / the paper's (GPT-2 XL). "
-             "'–': the row is not in that column; 'not run': no recipe reports that column yet.", "",
+             "'–': the row is not in that column; 'not run': no seed of ours reports that column or row yet.", "",
              "| model / method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for row in row_order(recipe_runs):
         cells = []
@@ -64,7 +65,7 @@ def markdown(recipe_runs: list[tuple], model: str = "tiny-gpt2", where: str = "C
             values = ours.get(column, {}).get(row)
             theirs = paper.get(column, {}).get(row)
             mine = (f"{np.mean(values):.1f}% ({min(values):.1f}–{max(values):.1f})" if values else
-                    "not run" if column not in ours and theirs is not None else "–")
+                    "not run" if theirs is not None else "–")  # a column, or a row (--rows), not run yet
             cells.append(mine if theirs is None else f"{mine} / {theirs}%")
         if any(cell != "–" for cell in cells):
             lines.append(f"| {row} | " + " | ".join(cells) + " |")

@@ -121,6 +121,31 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     assert again["reflector_accuracy"] == results["0"]["reflector_accuracy"]
 
 
+@pytest.mark.slow
+def test_some_rows_run_only_the_stages_they_read_and_a_run_of_every_row_keeps_them(tmp_path, small):
+    """demo.py --rows: a seed's priority rows first (issue 73: a SmolLM2 seed of every row is longer than a session
+    here), every row later in the same folder, which trains only what the first run did not."""
+    asked = ["SFT only", "Reflect-RL"]
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0", "--rows", *asked, *ONE_PROCESS]) == 0
+    folder = tmp_path / "demo" / "seed-0"
+    logs = sorted(path.name for path in (folder / "logs").glob("*.done.json"))
+    assert logs == ["data.done.json", "evaluation-1.done.json", "rl-reflect-rl.done.json", "sft-plain.done.json",
+                    "sft-policy.done.json", "sft-reflector.done.json"]  # no RLFT only, no RL w/o reflection
+    first = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]
+    assert [r["name"] for r in first["results"]] == asked and not first["reflector_accuracy"]
+    report = (folder / "results.md").read_text()
+    assert [line.split(" | ")[0][2:] for line in report.splitlines() if "% ± " in line] == asked
+
+    kept = {name: (folder / "logs" / name).read_text() for name in logs if not name.startswith("evaluation")}
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0", *ONE_PROCESS]) == 0
+    assert {name: (folder / "logs" / name).read_text() for name in kept} == kept  # trained once
+    assert len(_rl_runs(folder)) == 3
+    every = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]
+    assert [r["name"] for r in every["results"]] == ROWS and every["reflector_accuracy"]
+    levels = {r["name"]: r["levels"] for r in every["results"]}
+    assert all(levels[r["name"]] == r["levels"] for r in first["results"])  # the same episodes, the same models
+
+
 def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, monkeypatch):
     """finished_or_run's bookkeeping, around a stand-in for the pipeline (the real one: the test above)."""
     ran = []

@@ -399,3 +399,38 @@ def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypat
     third = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
     kept = sorted(name for name in third if third[name] == again.get(name))
     assert kept == ["sft-reflector.done.json", "sft-reflector_positive.done.json"], kept
+
+
+def test_some_rows_keep_the_stages_they_read_in_the_streams_they_had():
+    from recipes.auto_explore import on_pretrained
+    from recipes.base import REFLECT_RL, SFT_ONLY, WITHOUT_REFLECTION
+
+    full = on_pretrained("SmolLM2.gguf")
+    some = full.only([SFT_ONLY, WITHOUT_REFLECTION, REFLECT_RL])  # issue 73's priority rows
+    assert [row.name for row in some.rows] == [SFT_ONLY, WITHOUT_REFLECTION, REFLECT_RL]
+    assert set(some.sft) == {"reflector", "plain", "policy"} and set(some.rl) == {WITHOUT_REFLECTION, REFLECT_RL}
+    assert some.sft_streams == (("reflector", "plain"), ("policy",))  # the RL runs go on where their SFT ends
+    assert some.rl_streams == ((WITHOUT_REFLECTION,), (REFLECT_RL,)) and some.overlap
+    assert some.accuracy is None  # read by the SFT policy with reflection, a row not asked for
+    assert {name: spec for name, spec in full.sft.items() if name in some.sft} == some.sft
+    assert some.settings() != full.settings()  # a finished seed of some rows is not read back for every row
+    assert some.name == full.name  # ... but its folder, and the stages it finished, are shared
+    pickup = RECIPES["taxi_pickup"].only([SFT_ONLY])
+    assert pickup.rl == {} and pickup.rl_streams == () and pickup.sft_streams == (("plain",),)
+    dropoff = RECIPES["taxi_dropoff"]
+    (figure,) = dropoff.only([REFLECT_RL]).figures  # the paper's Figure 4, of the runs kept
+    assert figure.variants == (REFLECT_RL,) and figure.shift == ((REFLECT_RL, 40),) and len(dropoff.figures[0].variants) == 4
+    for wrong in ([], ["SFT onyl"], [SFT_ONLY, SFT_ONLY]):
+        with pytest.raises(ValueError, match="--rows: each a row of taxi_pickup"):
+            RECIPES["taxi_pickup"].only(wrong)
+
+
+def test_a_row_not_run_yet_is_said_so_in_the_papers_table():
+    from recipes.base import REFLECT_RL, SFT_ONLY
+    from recipes.paper_table import markdown
+
+    some = RECIPES["taxi_pickup"].only([REFLECT_RL])  # demo.py --rows Reflect-RL
+    table = markdown([(some, {0: _fake_run(some, 0.5)})]).splitlines()
+    first = next(line for line in table if line.startswith(f"| {SFT_ONLY} |"))
+    assert "| not run / 7% |" in first  # Taxi pickup's SFT only: the paper's 7%, ours not run
+    assert "| 50.0% (50.0–50.0) / 58% |" in next(line for line in table if line.startswith(f"| {REFLECT_RL} |"))
