@@ -223,8 +223,7 @@ class Recipe:
         rows = tuple(row for row in self.rows if row.name in names)
         rl = {name: variant for name, variant in self.rl.items()
               if any(row.policy == f"rl:{name}" for row in rows)}
-        used = {role for row in rows for role in (row.sft_role, row.reflector)}
-        used |= {role for variant in rl.values() for role in (variant.policy, variant.reflector)}
+        used = sft_roles_read(rows, rl)
         sft_streams = tuple(tuple(role for role in stream if role in used) for stream in self.sft_streams)
         rl_streams = tuple(tuple(name for name in stream if name in rl) for stream in self.rl_streams)
         if self.overlap:  # stream i's SFT and RL stay paired; a pair left with nothing goes
@@ -258,6 +257,13 @@ class Recipe:
                 "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra,
                 # only where set: seeds finished before the field existed saved at the last step alike
                 **({"save_every": self.save_every} if self.save_every is not None else {})}
+
+
+def sft_roles_read(rows: tuple[Row, ...] | list[Row], rl: dict[str, RLVariant]) -> set[str]:
+    """The SFT roles that ``rows`` and the RL runs ``rl`` read (their policies and reflectors): the SFT a recipe cut
+    down to them must still train (``Recipe.only``, ``--learners``)."""
+    return ({role for row in rows for role in (row.sft_role, row.reflector)}
+            | {role for variant in rl.values() for role in (variant.policy, variant.reflector)}) - {None}
 
 
 # The paper's row names, which also name the RL variants behind its rows (and the paper's numbers).

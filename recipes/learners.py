@@ -20,7 +20,7 @@ validation panel, with and without reflection.
 
 import dataclasses
 
-from recipes.base import REFLECT_RL, WITHOUT_REFLECTION, CurveFigure, Recipe, Row
+from recipes.base import REFLECT_RL, WITHOUT_REFLECTION, CurveFigure, Recipe, Row, sft_roles_read
 from utils.arg_groups import GROUP_LEARNERS
 
 # Starts played GROUP_SIZE times each by the group learners: 4 starts of 4 episodes in a batch of 16. GiGPO's
@@ -77,8 +77,7 @@ def compare(recipe: Recipe, learners: list[str], reflection: str = "both") -> Re
     # the column's SFT-only rows beside them, those of the SFT models the runs start from
     rows = [row for row in recipe.rows if row.sft_role and (row.sft_role, row.reflector) in
             {(variant.policy, variant.reflector) for variant in rl.values()}] + rows
-    used = {role for row in rows for role in (row.sft_role, row.reflector)}
-    used |= {role for variant in rl.values() for role in (variant.policy, variant.reflector)}
+    used = sft_roles_read(rows, rl)
     sft_streams = tuple(kept for kept in (tuple(role for role in stream if role in used) for stream in recipe.sft_streams)
                         if kept)
     figures = tuple(CurveFigure(f"learners_{'with' if kind == WITH else 'without'}_reflection.png",

@@ -133,9 +133,9 @@ PRODUCTS = """import hashlib, torch
 torch.manual_seed(0); torch.set_num_threads(1)
 for m, k, n in [(1, 64, 64), (7, 64, 192), (33, 64, 256), (128, 64, 4096), (64, 576, 1536), (200, 256, 64)]:
     a, b = torch.randn(m, k, requires_grad=True), torch.randn(k, n, requires_grad=True)
-    (a @ b).sum().backward()
-    print(hashlib.sha256((a @ b).detach().numpy().tobytes()).hexdigest(), hashlib.sha256(a.grad.numpy().tobytes()).hexdigest(),
-          hashlib.sha256(b.grad.numpy().tobytes()).hexdigest())
+    product = a @ b
+    product.sum().backward()
+    print(*(hashlib.sha256(t.detach().numpy().tobytes()).hexdigest() for t in (product, a.grad, b.grad)))
 """
 
 
