@@ -186,13 +186,16 @@ _POLICY = SFTRole("sft_policy.jsonl", PRETRAINED_POLICY_STEPS, PRETRAINED_POLICY
 PRETRAINED_SFT = {"reflector": _REFLECTOR, "policy": _POLICY, "plain": dataclasses.replace(_POLICY, file="sft.jsonl"),
                   "reflector_positive": dataclasses.replace(_REFLECTOR, file="sft_reflection_positive.jsonl"),
                   "policy_positive": dataclasses.replace(_POLICY, file="sft_policy_positive.jsonl")}
-# Two SFT streams of about equal time (one thread each): a reflector's 300 steps take about 26 min, a policy's 60
-# about 11 (a policy's step costs about twice a reflector's).
-PRETRAINED_SFT_STREAMS = (("reflector", "plain"), ("reflector_positive", "policy", "policy_positive"))
-# The RL runs go on in the SFT streams (overlap), one thread each: the runs that read the plain policy or none start
-# when the reflector and the plain policy are trained, beside the other stream's policies (measured 2026-12-02: with
-# all RL after all SFT, one core idled for the 15 min of the last policy's SFT).
-PRETRAINED_RL_STREAMS = ((WITHOUT_REFLECTION, RLFT_ONLY), (REFLECT_RL, "SFT+RLFT w/o negative"))
+# Two SFT streams (one thread each): a reflector's 300 steps take about 26 min, a policy's 60 about 11 in bf16 (a
+# policy's step costs about twice a reflector's; in float32 on an AVX2 core about 20 and 60-90 s a step). The first
+# reflector alone in one stream, the policies it is played with in the other, so that the priority rows (--rows
+# "SFT only" ... Reflect-RL: the reflector, the plain policy and the policy) end their SFT when the reflector does
+# (measured 2026-12-03: with the plain policy after the reflector, the other stream idled once its policy was trained).
+PRETRAINED_SFT_STREAMS = (("reflector", "policy_positive"), ("plain", "policy", "reflector_positive"))
+# The RL runs go on in the SFT streams (overlap), one thread each: Reflect-RL where its reflector ends, the runs that
+# read the plain policy or none where the policies and the second reflector end; each starts once its SFT models are
+# trained (measured 2026-12-02: with all RL after all SFT, one core idled for the 15 min of the last policy's SFT).
+PRETRAINED_RL_STREAMS = ((REFLECT_RL, "SFT+RLFT w/o negative"), (WITHOUT_REFLECTION, RLFT_ONLY))
 PRETRAINED_RL_ITERATIONS = 20
 # The paper's RL rate; 100 held-out episodes a depth (the tiny-gpt2 column's 200 would take about an hour of the
 # seed: 80 validation episodes of a row that reflects took 430 s on one core, two thirds of it the policy's reading of

@@ -409,8 +409,9 @@ def test_some_rows_keep_the_stages_they_read_in_the_streams_they_had():
     some = full.only([SFT_ONLY, WITHOUT_REFLECTION, REFLECT_RL])  # issue 73's priority rows
     assert [row.name for row in some.rows] == [SFT_ONLY, WITHOUT_REFLECTION, REFLECT_RL]
     assert set(some.sft) == {"reflector", "plain", "policy"} and set(some.rl) == {WITHOUT_REFLECTION, REFLECT_RL}
-    assert some.sft_streams == (("reflector", "plain"), ("policy",))  # the RL runs go on where their SFT ends
-    assert some.rl_streams == ((WITHOUT_REFLECTION,), (REFLECT_RL,)) and some.overlap
+    # the reflector in one stream, the policies in the other; the RL runs go on where their SFT ends
+    assert some.sft_streams == (("reflector",), ("plain", "policy"))
+    assert some.rl_streams == ((REFLECT_RL,), (WITHOUT_REFLECTION,)) and some.overlap
     assert some.accuracy is None  # read by the SFT policy with reflection, a row not asked for
     assert {name: spec for name, spec in full.sft.items() if name in some.sft} == some.sft
     assert some.settings() != full.settings()  # a finished seed of some rows is not read back for every row
