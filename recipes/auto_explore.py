@@ -199,13 +199,23 @@ PRETRAINED_RL_STREAMS = ((REFLECT_RL, "SFT+RLFT w/o negative"), (WITHOUT_REFLECT
 PRETRAINED_RL_ITERATIONS = 20
 # The paper's RL rate; 100 held-out episodes a depth (the tiny-gpt2 column's 200 would take about an hour of the
 # seed: 80 validation episodes of a row that reflects took 430 s on one core, two thirds of it the policy's reading of
-# its prompts), and the held-out repository's tasks twice each.
-PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": 2e-4, "eval_level_episodes": 100}
+# its prompts), and the held-out repository's tasks twice each. RL's decisions per backward pass 8, not 16: PG and
+# GRPO step once an iteration, after every minibatch, so this is memory, not the update (the same gradient, to
+# rounding); a pass over 16 long prompts holds 6-11 GiB in float32 (about 1 MiB a token, measured 2026-12-03), with
+# two RL runs side by side.
+PRETRAINED_BUDGET = {**BUDGET, "rl_learning_rate": 2e-4, "eval_level_episodes": 100, "rl_train_batch": 8}
 PRETRAINED_GENERALISATION_REPS = 2
 # The evaluation answers a policy prompt seen again from memory (rollout.policy.PolicyMemo): a test task is played 8-13
 # times to reach 100 episodes a depth, its episodes pass the same states, and with greedy reflections the same state
 # gives the same prompt. The same choices to rounding; the policy's reading was two thirds of an episode's time.
 PRETRAINED_POLICY_MEMO = "--policy_memo"
+# RL's update reads every decision again rather than from the rollout's passes kept with their graphs
+# (--reuse_rollout_pass, on by default on a CPU): an iteration holds 8 episodes of up to 15 decisions over prompts of
+# 350-700 tokens, tens of GiB of graphs at about 1 MiB a token in float32 (the fifth session's two RL runs filled
+# 23 GiB in bfloat16). The cost: one more forward pass over the decisions; the rollout's, under no gradient, reads
+# the prefix its batch shares once (--prefix_cache).
+PRETRAINED_RL_FLAGS = ("--reuse_rollout_pass=false",)
+PRETRAINED_RL_SAVE_EVERY = 2  # an RL iteration takes minutes here: a run cut short loses at most two
 PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a checkpoint at most this many steps old
 PRETRAINED_FLOAT32_NOTICE = f"{FLOAT32} (docs/auto_explore.md)"
 
@@ -217,7 +227,8 @@ def on_pretrained(model_name: str) -> Recipe:
         model=lora_model(model_name, PRETRAINED_ATTENTION), sft=PRETRAINED_SFT, sft_flags=PRETRAINED_SFT_FLAGS,
         sft_streams=PRETRAINED_SFT_STREAMS, rl=gpu.iterations(RL, PRETRAINED_RL_ITERATIONS),
         rl_streams=PRETRAINED_RL_STREAMS, overlap=True, budget=PRETRAINED_BUDGET, pretrained=None,
-        save_every=PRETRAINED_SAVE_EVERY,
+        rl_flags=lambda recipe, data_dir: [*rl_flags(recipe, data_dir), *PRETRAINED_RL_FLAGS],
+        save_every=PRETRAINED_SAVE_EVERY, rl_save_every=PRETRAINED_RL_SAVE_EVERY,
         evaluations={"held-out": evaluation_on("test.json", PRETRAINED_POLICY_MEMO), "generalisation": evaluation_on(
             "holdout.json", PRETRAINED_POLICY_MEMO, f"--eval_reps={PRETRAINED_GENERALISATION_REPS}",
             "--eval_level_episodes=0")},

@@ -143,10 +143,14 @@ class Recipe:
     # runner reads, is saved whether or not it is a multiple (the HF Trainer saves at its end, rl_finetune at
     # --max_steps) and is the newest, which --save_total_limit among the flags always keeps (prune_checkpoints).
     save_every: int | None = None
+    # RL saves one every this many iterations instead (None: as ``save_every``): an iteration can take minutes where
+    # an SFT step takes seconds, so a run of 20 iterations saved every 50 would keep nothing when it is cut short.
+    rl_save_every: int | None = None
 
     def __post_init__(self) -> None:
-        if self.save_every is not None and self.save_every < 1:
-            raise ValueError(f"recipe {self.name}: save_every must be at least 1, got {self.save_every}")
+        for name in ("save_every", "rl_save_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"recipe {self.name}: {name} must be at least 1, got {getattr(self, name)}")
         if self.overlap and len(self.sft_streams) != len(self.rl_streams):
             raise ValueError(f"recipe {self.name}: overlap pairs SFT and RL streams, but there are "
                              f"{len(self.sft_streams)} and {len(self.rl_streams)}")
@@ -256,7 +260,7 @@ class Recipe:
                 "sft": {k: vars(v) for k, v in self.sft.items()}, "rl": {k: vars(v) for k, v in self.rl.items()},
                 "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra,
                 # only where set: seeds finished before the field existed saved at the last step alike
-                **({"save_every": self.save_every} if self.save_every is not None else {})}
+                **{name: getattr(self, name) for name in ("save_every", "rl_save_every") if getattr(self, name) is not None}}
 
 
 def sft_roles_read(rows: tuple[Row, ...] | list[Row], rl: dict[str, RLVariant]) -> set[str]:

@@ -107,9 +107,9 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         starts += [*variant.flags, *(["--curriculum_steps", *map(str, variant.level_steps)] if variant.level_steps else [])]
         if variant.reflector:
             starts += [sft_checkpoint(variant.reflector, "--reflect_load_dir="), f"--top_k={budget['reflect_top_k']}"]
+        save_every = recipe.rl_save_every or recipe.save_every or variant.iterations
         return Stage(rl_names[name], "rl_finetune", [*rl_common, *starts, f"--ckpt_path={rl_runs[name]}",
-                                                     f"--max_steps={variant.iterations}",
-                                                     f"--save_steps={recipe.save_every or variant.iterations}"],
+                                                     f"--max_steps={variant.iterations}", f"--save_steps={save_every}"],
                      logs / f"rl-{slug(name)}.log", output=rl_runs[name],
                      needs=(DATA, *(sft_names[role] for role in (variant.policy, variant.reflector) if role)))
 

@@ -338,3 +338,12 @@ def test_the_real_sft_and_rl_stages_resume_from_their_newest_whole_checkpoint(tm
     rl_run = checkpoints.run_dirs(runs / "rl", "rl_finetune")[-1]
     assert checkpoints.load_settings(rl_run / "checkpoint-3")["load_dir"] == str(sft_run / "checkpoint-3")
     assert [record["step"] for record in metrics.read_metrics(rl_run)] == [1, 2, 3]
+
+
+def test_rl_save_every_sets_the_rl_runs_interval_and_save_every_the_sft_steps(tmp_path, fake):
+    """Recipe.rl_save_every: RL's iterations take minutes where SFT's steps take seconds, so each has its interval."""
+    _run(fake, _recipe(fake, save_every=3, rl_save_every=1), tmp_path / "seed-0")
+    assert _flag(fake.argv["sft-reflector"], "save_steps") == "3" and _flag(fake.argv["rl-reflect-rl"], "save_steps") == "1"
+    assert _recipe(fake, rl_save_every=1).settings()["rl_save_every"] == 1 and "rl_save_every" not in TAXI.settings()
+    with pytest.raises(ValueError, match="rl_save_every must be at least 1, got 0"):
+        _recipe(fake, rl_save_every=0)
