@@ -409,8 +409,12 @@ def test_our_own_lines_are_said_once_by_the_same_say_once_which_imports_no_torch
         for _ in range(3):
             log_filters.say_once("tests.once", "a fallback", logging.INFO)
         log_filters.say_once("tests.once", "another line")
+        # a key makes lines of other texts the same one (a checkpoint's warning, whichever flag named its folder)
+        for where in ("--load_dir", "Reflect-RL: load_dir"):
+            log_filters.say_once("tests.once", f"{where} 'ckpt' has no role.json", key=("/abs/ckpt", "no role.json"))
     assert [(r.getMessage(), r.levelno) for r in caplog.records if r.name == "tests.once"] == \
-           [("a fallback", logging.INFO), ("another line", logging.WARNING)]
+           [("a fallback", logging.INFO), ("another line", logging.WARNING),
+            ("--load_dir 'ckpt' has no role.json", logging.WARNING)]
     code = "import sys, utils.log_filters, utils.cpu; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                             text=True, timeout=120)

@@ -16,6 +16,7 @@ from utils import complete
 from utils.arg_fields import flag_values
 from utils.checkpoints import REFLECTOR, RL, ROLE_FILE, read_role, settings_or_none
 from utils.errors import UsageError
+from utils.log_filters import say_once
 from utils.models import policy_labels
 
 logger = logging.getLogger(__name__)
@@ -152,17 +153,11 @@ def describe(where: str, directory: str | Path, phrases: list[str]) -> str:
     return f"{where} {str(directory)!r} " + "; it ".join(phrases)
 
 
-_WARNED: set[tuple[str, str]] = set()
-
-
 def warn_once(where: str, directory: str | Path, warnings: list[str]) -> None:
-    """Log each warning about ``directory`` once per process (a checkpoint checked before an evaluation
-    starts is checked again when it is loaded)."""
+    """Log each warning about ``directory`` once per process, whichever ``where`` names it (a checkpoint checked
+    before an evaluation starts is checked again when it is loaded)."""
     for warning in warnings:
-        key = (str(Path(directory).resolve()), warning)
-        if key not in _WARNED:
-            _WARNED.add(key)
-            logger.warning(describe(where, directory, [warning]))
+        say_once(logger.name, describe(where, directory, [warning]), key=(str(Path(directory).resolve()), warning))
 
 
 def check_checkpoint(settings: CheckSettings, directory: str | Path, player: str, where: str) -> None:

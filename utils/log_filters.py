@@ -18,19 +18,23 @@ class _SaidOnce(logging.Filter):
         self.said: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message in self.said:
+        key = getattr(record, ONCE_KEY, None) or record.getMessage()
+        if key in self.said:
             return False
-        self.said.add(message)
+        self.said.add(key)
         return True
 
 
-def say_once(name: str, message: str | None = None, level: int = logging.WARNING) -> None:
+ONCE_KEY = "said_once_key"  # a record's attribute: what makes it the same line as another (default: its text)
+
+
+def say_once(name: str, message: str | None = None, level: int = logging.WARNING, key: tuple | None = None) -> None:
     """Each distinct message of logger ``name`` is logged once per process (its repeats dropped); with ``message``,
-    log it there at ``level`` (a fallback is said where it is taken first, not at every product)."""
+    log it there at ``level`` (a fallback is said where it is taken first, not at every product). ``key``: what
+    makes two lines the same, where their texts may differ (a checkpoint's warning, whichever flag named the folder)."""
     _filter_once(name, _SaidOnce)
     if message is not None:
-        logging.getLogger(name).log(level, message)
+        logging.getLogger(name).log(level, message, extra={ONCE_KEY: key} if key is not None else None)
 
 
 def _filter_once(name: str, kind: type[logging.Filter]) -> None:
