@@ -269,6 +269,7 @@ def on_gpu_profile(model_name: str) -> Recipe:
     return gpu.on_gpu(
         RECIPE, model_name, task=cpu.task, sft=cpu.sft, rl=gpu.iterations(RL, GPU_RL_ITERATIONS),
         budget={**PRETRAINED_BUDGET, **GPU_BUDGET}, sft_flags=cpu.sft_flags, save_every=cpu.save_every,
+        rl_save_every=cpu.rl_save_every,
         model_flags=(PRETRAINED_ATTENTION,), departures=(
             (f"{GPU_RL_ITERATIONS} RL iterations of {GPU_BUDGET['rl_batch']} episodes (the CPU recipe: "
              f"{PRETRAINED_RL_ITERATIONS} of {BUDGET['rl_batch']})", "the same RL episodes in a GPU's batches"),

@@ -60,6 +60,7 @@ def test_the_auto_explore_profile_runs_the_recipe_chosen_on_the_cpu(tmp_path):
     gpu, cpu = RECIPES["auto_explore"].gpu("tiny-gpt2"), auto_explore.on_pretrained("tiny-gpt2")
     assert gpu.task == cpu.task and "--auto_explore_view_tokens=60" in gpu.data(gpu, 0, tmp_path)[-1][1]
     assert gpu.sft == cpu.sft and gpu.sft_flags == cpu.sft_flags and gpu.save_every == cpu.save_every
+    assert gpu.rl_save_every == cpu.rl_save_every
     assert auto_explore.PRETRAINED_ATTENTION in gpu.model
     episodes = {name: variant.iterations * gpu.budget["rl_batch"] for name, variant in gpu.rl.items()}
     assert episodes == {name: variant.iterations * cpu.budget["rl_batch"] for name, variant in cpu.rl.items()}
