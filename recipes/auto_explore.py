@@ -211,7 +211,7 @@ PRETRAINED_GENERALISATION_REPS = 2
 PRETRAINED_POLICY_MEMO = "--policy_memo"
 # RL's update reads every decision again rather than from the rollout's passes kept with their graphs
 # (--reuse_rollout_pass, on by default on a CPU): an iteration holds 8 episodes of up to 15 decisions over prompts of
-# 350-700 tokens, 4-11 GiB of graphs a run at about 1 MiB a token in float32 (measured 2026-12-03) and up to about
+# 350-700 tokens, 4-15 GiB of graphs a run at about 1 MiB a token in float32 (measured 2026-12-03) and up to about
 # 40 where every episode plays its 15 steps (the fifth session's two RL runs filled 23 GiB in bfloat16). The cost: one more forward pass over the decisions; the rollout's, under no gradient, reads
 # the prefix its batch shares once (--prefix_cache).
 PRETRAINED_RL_FLAGS = ("--reuse_rollout_pass=false",)
