@@ -187,7 +187,7 @@ PRETRAINED_SFT = {"reflector": _REFLECTOR, "policy": _POLICY, "plain": dataclass
                   "reflector_positive": dataclasses.replace(_REFLECTOR, file="sft_reflection_positive.jsonl"),
                   "policy_positive": dataclasses.replace(_POLICY, file="sft_policy_positive.jsonl")}
 # Two SFT streams (one thread each): a reflector's 300 steps take about 26 min, a policy's 60 about 11 in bf16 (a
-# policy's step costs about twice a reflector's; in float32 on an AVX2 core about 20 and 60-90 s a step). The first
+# policy's step costs about twice a reflector's; in float32 on an AVX2 core about 17 and 36 s a step). The first
 # reflector alone in one stream, the policies it is played with in the other, so that the priority rows (--rows
 # "SFT only" ... Reflect-RL: the reflector, the plain policy and the policy) end their SFT when the reflector does
 # (measured 2026-12-03: with the plain policy after the reflector, the other stream idled once its policy was trained).
@@ -212,8 +212,9 @@ PRETRAINED_POLICY_MEMO = "--policy_memo"
 # RL's update reads every decision again rather than from the rollout's passes kept with their graphs
 # (--reuse_rollout_pass, on by default on a CPU): an iteration holds 8 episodes of up to 15 decisions over prompts of
 # 350-700 tokens, 4-15 GiB of graphs a run at about 1 MiB a token in float32 (measured 2026-12-03) and up to about
-# 40 where every episode plays its 15 steps (the fifth session's two RL runs filled 23 GiB in bfloat16). The cost: one more forward pass over the decisions; the rollout's, under no gradient, reads
-# the prefix its batch shares once (--prefix_cache).
+# 40 where every episode plays its 15 steps (the fifth session's two RL runs filled 23 GiB in bfloat16). The cost:
+# one more forward pass over the decisions; the rollout's, under no gradient, reads the prefix its batch shares once
+# (--prefix_cache).
 PRETRAINED_RL_FLAGS = ("--reuse_rollout_pass=false",)
 PRETRAINED_RL_SAVE_EVERY = 2  # an RL iteration takes minutes here: a run cut short loses at most two
 PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a checkpoint at most this many steps old

@@ -260,7 +260,8 @@ class Recipe:
                 "sft": {k: vars(v) for k, v in self.sft.items()}, "rl": {k: vars(v) for k, v in self.rl.items()},
                 "rows": [vars(row) for row in self.rows], "budget": self.budget, "extra": self.extra,
                 # only where set: seeds finished before the field existed saved at the last step alike
-                **{name: getattr(self, name) for name in ("save_every", "rl_save_every") if getattr(self, name) is not None}}
+                **{name: getattr(self, name) for name in ("save_every", "rl_save_every")
+                   if getattr(self, name) is not None}}
 
 
 def sft_roles_read(rows: tuple[Row, ...] | list[Row], rl: dict[str, RLVariant]) -> set[str]:

@@ -360,7 +360,7 @@ def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypat
     # every evaluation answers a recurring prompt from the policy's memo (RL's flags do not: its weights move)
     assert all("--policy_memo" in evaluation.flags(Path("data")) for evaluation in recipe.evaluations.values())
     assert "--policy_memo" not in recipe.rl_flags(recipe, Path("data"))
-    # RL holds no rollout graphs (tens of GiB of long prompts in float32), in chunks of 8, saved every 2 iterations
+    # RL holds no rollout graphs (4-15 GiB a run of long prompts in float32), in chunks of 8, saved every 2 iterations
     assert "--reuse_rollout_pass=false" in recipe.rl_flags(recipe, Path("data"))
     assert recipe.budget["rl_train_batch"] == 8 and recipe.rl_save_every == 2
     small = dataclasses.replace(

@@ -15,7 +15,7 @@ class _SaidOnce(logging.Filter):
 
     def __init__(self):
         super().__init__()
-        self.said: set[str] = set()
+        self.said: set[str | tuple] = set()  # messages, or the keys given for them
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = getattr(record, ONCE_KEY, None) or record.getMessage()
