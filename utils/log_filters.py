@@ -8,6 +8,7 @@ import logging
 # quantization" at every product whose input is not float16: with the paper's defaults (8-bit weights, bf16
 # compute) an RL iteration at GPT-2 XL's size logged it 27,520 times (an H200, 2026-11-28).
 BNB_CAST_LOGGER = "bitsandbytes.autograd._functions"
+ONCE_KEY = "said_once_key"  # a record's attribute: what makes it the same line as another (default: its text)
 
 
 class _SaidOnce(logging.Filter):
@@ -23,9 +24,6 @@ class _SaidOnce(logging.Filter):
             return False
         self.said.add(key)
         return True
-
-
-ONCE_KEY = "said_once_key"  # a record's attribute: what makes it the same line as another (default: its text)
 
 
 def say_once(name: str, message: str | None = None, level: int = logging.WARNING, key: tuple | None = None) -> None:
