@@ -176,9 +176,9 @@ def pack(column_dir: Path, seed: int, out: Path, facts: dict, log: Path) -> list
 
 def joined(runs: Path, pattern: str, key: str, newest_only: bool = False) -> str:
     """The JSON lines of every file ``pattern`` finds under ``runs``, each record with ``key``: the stage folder it
-    came from (``rl-reflect-rl``, ``evaluation-2``). With ``newest_only``, of a stage's run folders only the newest
-    is read: an RL stage that resumed (a window's end) carries its earlier iterations' records into its new run
-    folder, which would count them twice."""
+    came from (``rl-reflect-rl``, ``evaluation-reflect-rl``). With ``newest_only``, of a stage's run folders only
+    the newest is read: an RL stage that resumed (a window's end) carries its earlier iterations' records into its
+    new run folder, which would count them twice."""
     found = sorted(runs.glob(pattern))
     if newest_only:  # a stage folder's run folders are <id>_<script>: the highest id is the newest
         newest = {stage: max((path.parent for path in found if path.parents[1] == stage), key=_run_id)

@@ -219,8 +219,8 @@ class Recipe:
     def only(self, names: list[str]) -> "Recipe":
         """This recipe with the rows ``names`` only (``demo.py --rows``), and only the stages they read: the SFT roles
         and RL runs of those rows, in the streams they had. Its name and every kept stage's command are this
-        recipe's, so the same seed folder keeps them for a later run of every row (which plays the evaluation
-        again: its rows are shared out otherwise)."""
+        recipe's, so the same seed folder keeps them for a later run of every row, and the evaluations of the rows
+        played (a stage a row and evaluation)."""
         known = [row.name for row in self.rows]
         if not names or len(set(names)) != len(names) or not set(names) <= set(known):
             raise ValueError(f"--rows: each a row of {self.name} ({', '.join(map(repr, known))}), once; got {names}")

@@ -8,7 +8,8 @@ iterations, budget) live in its recipe module, beside its CPU recipe, each with 
   weights, computed in bfloat16 on CUDA (the flags' default there), the base not quantised (``--no_load_in_8bit``:
   135M parameters need no 8 bits, and bitsandbytes' products are slower than bf16's).
 * Stages that do not read each other's output share the GPU side by side, one process each: every SFT model, then
-  every RL run, then every evaluation row (``Recipe.workers``: as many processes as the widest of the three).
+  every RL run, with each evaluation row in a process the runs leave free once its models are trained
+  (``Recipe.workers``: as many processes as the widest of the three).
 * Batches are a GPU's: more episodes per RL iteration and per evaluation batch, so that the reflector's token-by-token
   generation, bound by latency, serves many episodes at once; and at least 200 evaluation episodes per row and per
   level.

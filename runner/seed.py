@@ -1,5 +1,6 @@
 """One training seed of a recipe (``demo.py``): data, SFT and RLFT side by side, every row evaluated on the held-out
-episodes, the reflector's accuracy, then the seed's report (:func:`run_seed`). Each step is keyed by what it
+episodes (a stage a row, started once its models are trained, beside the runs still training), the reflector's
+accuracy, then the seed's report (:func:`run_seed`). Each step is keyed by what it
 computes from (:mod:`runner.stages`): an SFT by the bytes of its texts, the data step's token every other stage
 (they read its folder), an SFT's the RL runs and evaluations that read its checkpoint, an RL run's the evaluations
 of its rows."""
@@ -8,8 +9,6 @@ import json
 import re
 import time
 from pathlib import Path
-
-import yaml
 
 from evaluation import evaluate
 from experiment_args import parse_args
@@ -21,6 +20,7 @@ from runner.report import accuracy_table, episodes_note, level_prefix, paper_tab
 from runner.stages import (
     WORKERS,
     LatestRun,
+    Listing,
     Stage,
     done_marker,
     latest_run,
@@ -115,20 +115,51 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
 
     sft_streams = [[sft_stage(role) for role in stream] for stream in recipe.sft_streams]
     rl_streams = [[rl_stage(name) for name in stream] for stream in recipe.rl_streams]
+
+    # --- 4. evaluation on the fixed held-out episodes: a stage a row and evaluation, queued with the RL runs, so that
+    # a process no RL run can use yet plays the rows whose models are trained (the heaviest first)
+    def config_of(row) -> dict:
+        """A row's entry in its evaluation's list, its checkpoints found when the evaluation starts."""
+        kind, _, source = row.policy.partition(":")
+        policy = sft_checkpoint(source) if kind == "sft" else LatestRun(
+            "", rl_runs[source], "rl_finetune", f"checkpoint-{recipe.rl[source].iterations}")
+        return {"name": row.name, "load_dir": policy,
+                **({"reflect_load_dir": sft_checkpoint(row.reflector)} if row.reflector else {})}
+
+    def read_by(row) -> tuple[str, ...]:
+        """The steps whose output a row reads: the data, its policy's and its reflector's."""
+        kind, _, source = row.policy.partition(":")
+        return (DATA, sft_names[source] if kind == "sft" else rl_names[source],
+                *([sft_names[row.reflector]] if row.reflector else []))
+
+    playing = {}  # by evaluation label: its level prefix, and the folder of each row it plays, by row name
+    eval_streams = []
+    for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
+        label = "evaluation" if index == 0 else f"evaluation ({name})"
+        rows = [row for row in recipe.rows if evaluation.rows is None or row.name in evaluation.rows]
+        playing[label] = (level_prefix(recipe, name), {row.name: runs / f"{slug(label)}-{slug(row.name)}"
+                                                       for row in rows})
+        for row in sorted(rows, key=lambda row: row.reflector is None):  # a row that reflects is the longer to play
+            where = playing[label][1][row.name]
+            listing = Listing(logs / f"{where.name}.rows.yaml", (tuple(config_of(row).items()),))
+            eval_streams.append([Stage(f"{label}: {row.name}", "evaluation.evaluate", [
+                *evaluation_argv(recipe, evaluation, data), f"--ckpt_path={where}",
+                f"--eval_load_list={listing.path}"], logs / f"{where.name}.log", needs=read_by(row), output=where,
+                listing=listing)])
+
     tic = time.time()
     if recipe.overlap:  # RL stream i goes on where SFT stream i ends; a run starts once its SFT models are trained
         timings.update(run_side_by_side([sft + rl for sft, rl in zip(sft_streams, rl_streams)], workers,
-                                        finished=markers, cores=cores))
-        timings["SFT and RLFT (wall)"] = time.time() - tic
+                                        finished=markers, cores=cores, after=eval_streams))
+        timings["SFT, RLFT and evaluation (wall)"] = time.time() - tic
     else:
         timings.update(run_side_by_side(sft_streams, workers, finished=markers, cores=cores))
         timings["SFT (wall)"] = time.time() - tic
         tic = time.time()
-        timings.update(run_side_by_side(rl_streams, workers, cores=cores, finished={
+        timings.update(run_side_by_side(rl_streams, workers, cores=cores, after=eval_streams, finished={
             **markers, **{stage.name: stage.marker for stream in sft_streams for stage in stream}}))
-        timings["RLFT (wall)"] = time.time() - tic
+        timings["RLFT and evaluation (wall)"] = time.time() - tic
     markers.update({stage.name: stage.marker for stream in sft_streams + rl_streams for stage in stream})
-    sft_dirs = {role: Path(str(sft_checkpoint(role))) for role in recipe.sft}
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
     logged = {name: metrics.read_metrics(path) for name, path in rl.items()}
     played = {name: sum(record.get("episodes_played", 0) for record in records)
@@ -137,57 +168,38 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     reflecting = {f"RLFT: {name}": sum(record.get("reflect_seconds", 0.0) for record in records)
                   for name, records in logged.items() if recipe.rl[name].reflector}
 
-    # --- 4. evaluation on the fixed held-out episodes
-    def policy_dir(row) -> Path:
-        kind, _, source = row.policy.partition(":")
-        return sft_dirs[source] if kind == "sft" else rl[source] / f"checkpoint-{recipe.rl[source].iterations}"
-
-    def read_by(row) -> dict[str, Path]:
-        """The done markers of the steps whose output a row reads: the data, its policy's and its reflector's."""
-        kind, _, source = row.policy.partition(":")
-        names = [DATA, sft_names[source] if kind == "sft" else rl_names[source],
-                 *([sft_names[row.reflector]] if row.reflector else [])]
-        return {name: markers[name] for name in names}
-
-    reflecting_rows = {row.name for row in recipe.rows if row.reflector}
-    configs = [{"name": row.name, "load_dir": str(policy_dir(row)),
-                **({"reflect_load_dir": str(sft_dirs[row.reflector])} if row.reflector else {})} for row in recipe.rows]
-    reads = {row.name: read_by(row) for row in recipe.rows}
+    configs = [{key: str(value) for key, value in config_of(row).items()} for row in recipe.rows]
     results = [dict(config, levels={}) for config in configs]
+    for label, (prefix, folders) in playing.items():
+        timings[label] = sum(timings[f"{label}: {name}"] for name in folders)  # its processes' seconds
+        for result, row in zip(results, recipe.rows):
+            if row.name in folders:
+                run = latest_run(folders[row.name], evaluate.SCRIPT)
+                (found,) = json.loads((run / "results.json").read_text(encoding="utf-8"))
+                result["levels"].update({prefix + level: figures for level, figures in found["levels"].items()})
+                if row.reflector:
+                    clock = json.loads((run / evaluate.SECONDS).read_text(encoding="utf-8"))[row.name]
+                    reflecting[f"{label}: {row.name}"] = clock["reflector"]
+
+    # --- the reflector's accuracy, on the held-out evaluation's episodes
     accuracy: dict[str, list] = {}
-    for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
+    if recipe.accuracy is not None and recipe.evaluations:
+        evaluation = next(iter(recipe.evaluations.values()))
         eval_argv = evaluation_argv(recipe, evaluation, data)
+        row, reading = next((row, config) for config, row in zip(configs, recipe.rows) if row.sft_role
+                            and row.reflector)
+        # in this process: keyed as a stage is, by its command, the row it reads, and its players' tokens
+        key = stage_key([*eval_argv, f"--ckpt_path={runs}"], numerics, (json.dumps(
+            {"row": reading, "accuracy_episodes": budget["accuracy_episodes"]}, sort_keys=True),),
+            tokens({name: markers[name] for name in read_by(row)}))
         eval_args = parse_args([*eval_argv, f"--ckpt_path={runs}"])
-        prefix = level_prefix(recipe, name)
-        label = "evaluation" if index == 0 else f"evaluation ({name})"
 
-        def evaluate_all(eval_argv=eval_argv, prefix=prefix, label=label, rows=evaluation.rows) -> float:
-            tic = time.time()
-            playing = [i for i, row in enumerate(recipe.rows) if rows is None or row.name in rows]
-            clocks: dict[str, dict] = {}
-            found = evaluate_side_by_side(eval_argv, [configs[i] for i in playing], runs, logs, label, workers, cores,
-                                          clocks, reads)
-            reflecting.update({f"{label}: {name}": clock["reflector"] for name, clock in clocks.items()
-                               if name in reflecting_rows})
-            for i, result in zip(playing, found):
-                results[i]["levels"].update({prefix + level: figures for level, figures in result["levels"].items()})
-            return time.time() - tic
+        def measured() -> float:
+            found, seconds = remembered(logs / ACCURACY, key, lambda: recipe.accuracy(recipe, eval_args, reading))
+            accuracy.update(found)
+            return seconds
 
-        timed(label, evaluate_all)
-        if index == 0 and recipe.accuracy is not None:
-            row, reading = next((row, config) for config, row in zip(configs, recipe.rows) if row.sft_role
-                                and row.reflector)
-            # in this process: keyed as a stage is, by its command, the row it reads, and its players' tokens
-            key = stage_key([*eval_argv, f"--ckpt_path={runs}"], numerics, (json.dumps(
-                {"row": reading, "accuracy_episodes": budget["accuracy_episodes"]}, sort_keys=True),),
-                tokens(read_by(row)))
-
-            def measured(eval_args=eval_args, reading=reading, key=key) -> float:
-                found, seconds = remembered(logs / ACCURACY, key, lambda: recipe.accuracy(recipe, eval_args, reading))
-                accuracy.update(found)
-                return seconds
-
-            timed("reflector accuracy", measured)
+        timed("reflector accuracy", measured)
 
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",
@@ -219,51 +231,6 @@ def evaluation_argv(recipe: Recipe, evaluation: Evaluation, data: Path) -> list[
             f"--eval_reps={budget['eval_episodes']}", f"--per_device_eval_batch_size={budget['eval_batch']}",
             f"--eval_level_episodes={budget.get('eval_level_episodes', 0)}", f"--top_k={budget['reflect_top_k']}",
             *evaluation.flags(data)]
-
-
-
-
-def evaluate_side_by_side(argv: list[str], configs: list[dict], runs: Path, logs: Path, label: str,
-                          workers: int, cores: int | None = None, clocks: dict | None = None,
-                          reads: dict[str, dict[str, Path]] | None = None) -> list[dict]:
-    """Evaluate the rows ``configs`` on the held-out episodes of ``argv``, shared out over ``workers``
-    processes; their results in the order of ``configs`` (``clocks``, if given, gets each row's seconds by name:
-    evaluate.SECONDS). A row plays the same episodes with the same sampling randomness wherever it runs
-    (evaluation.evaluate seeds each configuration alike). ``reads``: by row name, the done markers of the stages
-    whose output the row reads, so that a process's evaluation runs again when one of its rows' models does."""
-    reads = reads or {}
-    share = max(1, min(workers, len(configs)))
-    parts: list[list[dict]] = [[] for _ in range(share)]
-    load = [0] * share
-    for config in sorted(configs, key=_evaluation_weight, reverse=True):  # the heaviest rows first, each to
-        least = load.index(min(load))                                       # the least loaded process
-        parts[least].append(config)
-        load[least] += _evaluation_weight(config)
-    folders = [runs / f"{slug(label)}-{part + 1}" for part in range(share)]
-    streams, finished = [], {}
-    for part, (rows, where) in enumerate(zip(parts, folders), 1):
-        listing = logs / f"{where.name}.rows.yaml"  # beside its log: the stage empties its folder when it runs afresh
-        listing.parent.mkdir(parents=True, exist_ok=True)
-        listing.write_text(yaml.safe_dump(rows, sort_keys=False), encoding="utf-8")
-        read = {name: marker for row in rows for name, marker in reads.get(row["name"], {}).items()}
-        finished.update(read)
-        streams.append([Stage(f"{label}, rows {part}/{share}", "evaluation.evaluate",
-                              [*argv, f"--ckpt_path={where}", f"--eval_load_list={listing}"],
-                              logs / f"{where.name}.log", inputs=(listing.read_text(encoding="utf-8"),),
-                              needs=tuple(read), output=where)])
-    run_side_by_side(streams, workers, finished=finished, cores=cores)
-    found = {}
-    for where in folders:
-        run = latest_run(where, evaluate.SCRIPT)
-        found.update({result["name"]: result for result in json.loads((run / "results.json").read_text())})
-        if clocks is not None:
-            clocks.update(json.loads((run / evaluate.SECONDS).read_text(encoding="utf-8")))
-    return [found[config["name"]] for config in configs]
-
-
-def _evaluation_weight(config: dict) -> int:
-    """About how long a row's evaluation takes, relatively: a row that reflects writes a reflection per step."""
-    return 3 if config.get("reflect_load_dir") else 1
 
 
 def slug(name: str) -> str:

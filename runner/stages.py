@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from experiment_args import RESUME_STATE, parse_args
 from utils import checkpoints, complete, cpu
-from utils.io import write_json
+from utils.io import write_json, write_text_atomic
 
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
 DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its key, a token of this finish, its seconds)
@@ -114,6 +115,21 @@ class LatestRun:
 
 
 @dataclass(frozen=True)
+class Listing:
+    """A YAML list of mappings that a stage reads, written when the stage starts: its values may be
+    :class:`LatestRun` items (the checkpoint of a run numbered when it ran), found then. Its text is part of the
+    stage's key, as ``Stage.inputs`` are."""
+
+    path: Path
+    entries: tuple[tuple[tuple[str, Any], ...], ...]
+
+    def write(self) -> str:
+        text = yaml.safe_dump([{key: str(value) for key, value in entry} for entry in self.entries], sort_keys=False)
+        write_text_atomic(self.path, text)
+        return text
+
+
+@dataclass(frozen=True)
 class Stage:
     """One script run of the pipeline: ``module.main`` on ``argv`` (strings, or :class:`LatestRun` items read
     when it starts), its output in ``log``; ``inputs``: what else it reads that its command does not name (an
@@ -122,7 +138,8 @@ class Stage:
     ``files``: files it reads whose bytes key it in place of the token of the stage that wrote them (that stage
     must have finished before this one is queued);
     ``output``: the folder it writes (its ``--ckpt_path``), its alone: emptied before it runs afresh, so that it
-    only ever holds the run of one key and :func:`latest_run` never finds a stale one."""
+    only ever holds the run of one key and :func:`latest_run` never finds a stale one; ``listing``: a file it reads
+    that is written when it starts (:class:`Listing`)."""
 
     name: str
     module: str
@@ -132,6 +149,7 @@ class Stage:
     needs: tuple[str, ...] = ()
     files: tuple[Path, ...] = ()
     output: Path | None = None
+    listing: Listing | None = None
 
     @property
     def marker(self) -> Path:
@@ -152,7 +170,8 @@ def _run_stages(stages: list[Stage], threads: int, numerics: dict | str = NATIVE
     for stage in stages:
         argv = [str(item) for item in stage.argv]
         reads = tokens({name: (markers or {})[name] for name in stage.needs})
-        key = stage_key([stage.module, *argv], numerics, stage.inputs, reads, file_digests(stage.files))
+        inputs = (*stage.inputs, *([stage.listing.write()] if stage.listing else []))
+        key = stage_key([stage.module, *argv], numerics, inputs, reads, file_digests(stage.files))
         seconds[stage.name] = once(stage.log.parent, stage.log.stem, key,
                                    lambda resume, stage=stage, argv=argv: _continue(stage, argv, resume),
                                    folder=stage.output, resumable=stage.module in RESUME_STATE)
@@ -295,15 +314,19 @@ def stage_threads(workers: int, streams: int, cores: int | None = None) -> int:
 
 
 def run_side_by_side(streams: list[list[Stage]], workers: int, finished: dict[str, Path] | None = None,
-                     cores: int | None = None) -> dict[str, float]:
+                     cores: int | None = None, after: list[list[Stage]] = ()) -> dict[str, float]:
     """Run each stream's stages in order, the streams side by side in ``workers`` processes; a stage starts once
     the stages it ``needs`` have finished, in any stream (``finished``: the done markers, by name, of those that
-    ran before this call, whose tokens key the stages reading them).
+    ran before this call, whose tokens key the stages reading them). A stage is handed to a process only when one
+    is free, the streams' in their order first: ``after``'s streams (the evaluations of rows) take a process that
+    no stage of ``streams`` can use yet, so that none idles while the longest training stream ends.
 
     Each process has its share of the cores, fixed by the plan (:func:`stage_threads`; ``cores``: the reference
-    path's fixed count, not this machine's; it is the run's numerical path, part of every stage's key). When a
+    path's fixed count, not this machine's; it is the run's numerical path, part of every stage's key): the
+    plan of ``streams`` alone for their stages, whatever ``after`` holds, and of all of them for ``after``'s. When a
     stage fails, no other one starts, those running finish, and the failure is raised."""
-    finished = dict(finished or {})
+    finished, first = dict(finished or {}), len(streams)
+    streams = [*streams, *after]
     markers = {**finished, **{stage.name: stage.marker for stream in streams for stage in stream}}
     for stage in (stage for stream in streams for stage in stream):
         unknown = sorted(set(stage.needs) - set(markers))
@@ -334,15 +357,15 @@ def run_side_by_side(streams: list[list[Stage]], workers: int, finished: dict[st
                 raise stuck()
             finish(starts[0], _run_stages([pending[starts[0]][0]], threads, numerics, markers))
     else:
-        threads = stage_threads(workers, len(streams), cores)
+        threads = [stage_threads(workers, first if i < first else len(streams), cores) for i in range(len(streams))]
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited torch threads or locks
         # one stage a process: a process that trained a model keeps its peak memory (glibc's heap) until it ends
         with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=exit_with,
                                  initargs=(os.getpid(),), max_tasks_per_child=1) as pool:
             running: dict = {}  # future -> its stream
             while any(pending):
-                for i in ready(set(running.values())):
-                    running[pool.submit(_run_stages, [pending[i][0]], threads, numerics, markers)] = i
+                for i in ready(set(running.values()))[:workers - len(running)]:
+                    running[pool.submit(_run_stages, [pending[i][0]], threads[i], numerics, markers)] = i
                 if not running:
                     raise stuck()
                 for future in wait(running, return_when=FIRST_COMPLETED).done:

@@ -19,6 +19,7 @@ import demo
 from evaluation import episodes, evaluate
 from recipes import RECIPES
 from recipes.taxi_pickup import RECIPE as TAXI
+from runner import seed as runner_seed
 from runner import stages
 from utils.checkpoints import run_dirs
 
@@ -81,7 +82,8 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
             records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
             assert [r["step"] for r in records if "heldout_success" in r] == [0, 1, 2]
         logs = sorted(path.name for path in (folder / "logs").glob("*.log"))  # each stage ran, its output kept
-        assert logs == ["evaluation-1.log", "rl-reflect-rl.log", "rl-rlft-only.log", "rl-sft-rlft-w-o-reflection.log",
+        assert logs == [*sorted(f"evaluation-{runner_seed.slug(row)}.log" for row in ROWS),  # a stage a row
+                        "rl-reflect-rl.log", "rl-rlft-only.log", "rl-sft-rlft-w-o-reflection.log",
                         "sft-plain.log", "sft-policy.log", "sft-reflector.log"]
         done = sorted(path.name for path in (folder / "logs").glob("*.done.json"))  # ... and is marked finished
         assert done == ["data.done.json", *(name.replace(".log", ".done.json") for name in logs)]
@@ -97,25 +99,27 @@ def test_demo_runs_every_stage_and_seeds_are_plumbed_through(tmp_path, small):
     data = [json.loads((root / f"seed-{s}" / "data" / "data_reflection.json").read_text()) for s in (0, 1)]
     assert [r["state"] for r in data[0]] != [r["state"] for r in data[1]]
     finals = [starts for starts in small if len(starts) == 4]
-    assert len(finals) == 2 and finals[0] == finals[1]
+    assert len(finals) == 2 * len(ROWS) and all(starts == finals[0] for starts in finals)  # a run a row and seed
     assert all(seed >= episodes.HELD_OUT_SEED for starts in small for seed, _ in starts)
 
-    # seed 0 again with its results lost, in two processes: its finished stages are kept (their commands are
-    # the same), its evaluation rows are shared out anew over two processes (another list of rows for
-    # "evaluation-1", so it runs again), and the table is the same
+    # seed 0 again with its results and its evaluations lost, in two processes: its training stages are kept
+    # (their commands are the same), each row is played again in a process of its own, two at a time, and the
+    # table is the same
     folder = root / "seed-0"
     kept = {path.name: path.read_text() for path in (folder / "logs").glob("*.done.json")
             if not path.name.startswith("evaluation")}
+    for marker in (folder / "logs").glob("evaluation-*.done.json"):
+        marker.unlink()
     (folder / demo.FINISHED).unlink()
     assert demo.main([f"--ckpt_path={tmp_path / 'a'}", "--seed", "0", "--workers", "2"]) == 0
     assert {name: (folder / "logs" / name).read_text() for name in kept} == kept
-    assert {path.name for path in (folder / "logs").glob("evaluation-*.done.json")} == {
-        "evaluation-1.done.json", "evaluation-2.done.json"}
-    rows = [yaml.safe_load((folder / "logs" / f"evaluation-{part}.rows.yaml").read_text()) for part in (1, 2)]
-    assert sorted(row["name"] for part in rows for row in part) == sorted(ROWS) and all(rows)
-    for part in (1, 2):  # each process evaluated its own rows, in a run of its own
-        run = run_dirs(folder / "runs" / f"evaluation-{part}", evaluate.SCRIPT)[-1]
-        assert [r["name"] for r in json.loads((run / "results.json").read_text())] == [r["name"] for r in rows[part - 1]]
+    played = {row: json.loads((folder / "logs" / f"evaluation-{runner_seed.slug(row)}.done.json").read_text())
+              for row in ROWS}
+    assert len({marker["process"] for marker in played.values()}) == len(ROWS)  # a process a row
+    for row in ROWS:  # each row in a run of its own, from a list of that row alone
+        (listed,) = yaml.safe_load((folder / "logs" / f"evaluation-{runner_seed.slug(row)}.rows.yaml").read_text())
+        run = run_dirs(folder / "runs" / f"evaluation-{runner_seed.slug(row)}", evaluate.SCRIPT)[-1]
+        assert listed["name"] == row and [r["name"] for r in json.loads((run / "results.json").read_text())] == [row]
     again = json.loads((root / "results.json").read_text())["0"]
     assert [(r["name"], r["levels"]) for r in again["results"]] == [(r["name"], r["levels"]) for r in results["0"]["results"]]
     assert again["reflector_accuracy"] == results["0"]["reflector_accuracy"]
@@ -129,16 +133,17 @@ def test_some_rows_run_only_the_stages_they_read_and_a_run_of_every_row_keeps_th
     assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0", "--rows", *asked, *ONE_PROCESS]) == 0
     folder = tmp_path / "demo" / "seed-0"
     logs = sorted(path.name for path in (folder / "logs").glob("*.done.json"))
-    assert logs == ["data.done.json", "evaluation-1.done.json", "rl-reflect-rl.done.json", "sft-plain.done.json",
+    assert logs == ["data.done.json", "evaluation-reflect-rl.done.json", "evaluation-sft-only.done.json",
+                    "rl-reflect-rl.done.json", "sft-plain.done.json",
                     "sft-policy.done.json", "sft-reflector.done.json"]  # no RLFT only, no RL w/o reflection
     first = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]
     assert [r["name"] for r in first["results"]] == asked and not first["reflector_accuracy"]
     report = (folder / "results.md").read_text()
     assert [line.split(" | ")[0][2:] for line in report.splitlines() if "% ± " in line] == asked
 
-    kept = {name: (folder / "logs" / name).read_text() for name in logs if not name.startswith("evaluation")}
+    kept = {name: (folder / "logs" / name).read_text() for name in logs}
     assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0", *ONE_PROCESS]) == 0
-    assert {name: (folder / "logs" / name).read_text() for name in kept} == kept  # trained once
+    assert {name: (folder / "logs" / name).read_text() for name in kept} == kept  # trained and played once
     assert len(_rl_runs(folder)) == 3
     every = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]
     assert [r["name"] for r in every["results"]] == ROWS and every["reflector_accuracy"]
@@ -307,6 +312,38 @@ def test_a_stage_starts_once_the_stages_it_needs_have_finished_in_any_stream(tmp
     assert at["end reflector"] < at["start reflect-rl"]
     if workers == 2:  # side by side: the run that needs no reflector did not wait for it
         assert at["start plain-rl"] < at["end reflector"]
+
+
+def test_a_rows_evaluation_takes_a_process_no_training_stage_can_use_yet(tmp_path):
+    """The evaluations (``after``) are queued with the training streams: a row whose model is trained is played in
+    the process the short stream leaves while the long one trains on, never in one a training stage could take,
+    and the training stages keep the threads their own plan gives them (a lone stream: both cores)."""
+    # the long stream's last stage ends only once both evaluations beside it have: run otherwise, it fails
+    long = [_probe(tmp_path, "long-0"), dataclasses.replace(_probe(tmp_path, "long-1"), argv=[
+        f"--output_dir={tmp_path / 'long-1'}", f"--task_file={tmp_path / 'eval-data'}"])]
+    short = [_probe(tmp_path, "short")]
+    after = [[_probe(tmp_path, "eval-long", needs=("long-1",))], [_probe(tmp_path, "eval-short", needs=("short",))],
+             [_probe(tmp_path, "eval-data")]]  # reads nothing the streams train: still waits for a free process
+    stages.run_side_by_side([long, short], 2, cores=2, after=after)
+    lines = (tmp_path / "order.txt").read_text().split("\n")[:-1]
+    at = {line: index for index, line in enumerate(lines) if line.startswith(("start", "end"))}
+    threads = dict(line.split()[1:] for line in lines if line.startswith("threads"))
+    assert at["end short"] < at["end eval-short"] < at["start eval-data"] < at["end long-1"]  # beside the long one
+    assert at["start eval-long"] > at["end long-1"]
+    assert all(threads[name] == "1" for name in threads)  # two streams, two processes: a core each
+    # a lone training stream keeps both cores; an evaluation beside it has one
+    (tmp_path / "order.txt").unlink()
+    lone = tmp_path / "lone"
+    stages.run_side_by_side([[_probe(lone, "train")]], 2, cores=2, after=[[_probe(lone, "eval")]])
+    threads = dict(line.split()[1:] for line in (lone / "order.txt").read_text().splitlines()
+                   if line.startswith("threads"))
+    assert threads == {"train": "2", "eval": "1"}
+    # in one process, a training stage that can start goes before an evaluation that could have started first
+    one = tmp_path / "one"
+    stages.run_side_by_side([[_probe(one, "sft")], [_probe(one, "rl", needs=("sft",))]], 1,
+                            after=[[_probe(one, "eval")]])
+    assert [line for line in (one / "order.txt").read_text().splitlines() if line.startswith("start")] == [
+        "start sft", "start rl", "start eval"]
 
 
 def test_stages_waiting_on_each_other_or_on_no_stage_are_refused(tmp_path):

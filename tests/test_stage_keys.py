@@ -20,7 +20,9 @@ from utils import checkpoints, complete
 
 REFLECT_RL, WITHOUT_REFLECTION, RLFT_ONLY = "Reflect-RL", "SFT+RLFT w/o reflection", "RLFT only"
 STEPS = ["data", "sft-reflector", "sft-policy", "sft-plain", "rl-reflect-rl", "rl-sft-rlft-w-o-reflection",
-         "rl-rlft-only", "evaluation-1", "accuracy"]  # what a seed runs, named as FakeScripts.ran names them
+         "rl-rlft-only", *(f"evaluation-{row}" for row in (  # a stage a row, those that reflect first
+             "sft-only-with-reflection", "reflect-rl", "sft-only", "rlft-only", "sft-rlft-w-o-reflection")),
+         "accuracy"]  # what a seed runs, named as FakeScripts.ran names them
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -141,19 +143,21 @@ def test_a_changed_rl_flag_runs_that_run_and_its_rows_evaluation_again(tmp_path,
     assert _tokens(folder) == before
 
     flagged = _variant(recipe, WITHOUT_REFLECTION, flags=("--entropy_coef=0.01",))
-    assert _run(fake, flagged, folder) == ["rl-sft-rlft-w-o-reflection", "evaluation-1"]
+    assert _run(fake, flagged, folder) == ["rl-sft-rlft-w-o-reflection", "evaluation-sft-rlft-w-o-reflection"]
     after = _tokens(folder)
-    assert {name for name in after if after[name] != before[name]} == {"rl-sft-rlft-w-o-reflection", "evaluation-1"}
+    assert {name for name in after if after[name] != before[name]} == {"rl-sft-rlft-w-o-reflection",
+                                                                        "evaluation-sft-rlft-w-o-reflection"}
     assert "--entropy_coef=0.01" in fake.argv["rl-sft-rlft-w-o-reflection"]
     # its folder held one key's run only: emptied before it ran afresh, so its run is numbered 1 again
     assert [run.name for run in checkpoints.run_dirs(folder / "runs" / "rl-sft-rlft-w-o-reflection")] == [
         "1_rl_finetune"]
 
     longer = _variant(flagged, RLFT_ONLY, iterations=3)
-    assert _run(fake, longer, folder) == ["rl-rlft-only", "evaluation-1"]
+    assert _run(fake, longer, folder) == ["rl-rlft-only", "evaluation-rlft-only"]
     assert (folder / "runs" / "rl-rlft-only" / "1_rl_finetune" / "checkpoint-3").is_dir()
-    rows = yaml.safe_load((folder / "logs" / "evaluation-1.rows.yaml").read_text())
-    assert next(row for row in rows if row["name"] == RLFT_ONLY)["load_dir"].endswith("1_rl_finetune/checkpoint-3")
+    # the row's list, written when its evaluation started: the run's checkpoint, found then
+    (row,) = yaml.safe_load((folder / "logs" / "evaluation-rlft-only.rows.yaml").read_text())
+    assert row["name"] == RLFT_ONLY and row["load_dir"].endswith("1_rl_finetune/checkpoint-3")
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -162,14 +166,14 @@ def test_a_changed_sft_budget_runs_that_sft_and_what_reads_it_again(tmp_path, fa
     assert sorted(_run(fake, recipe, folder)) == sorted(STEPS)
     # the plain policy: read by SFT+RLFT w/o reflection and by the "SFT only" row
     assert sorted(_run(fake, _role(recipe, "plain", steps=3), folder)) == [
-        "evaluation-1", "rl-sft-rlft-w-o-reflection", "sft-plain"]
+        "evaluation-sft-only", "evaluation-sft-rlft-w-o-reflection", "rl-sft-rlft-w-o-reflection", "sft-plain"]
     # the reflector: read by Reflect-RL, by the rows that reflect, and by the reflector's accuracy
     before = _tokens(folder)
     assert sorted(_run(fake, _role(_role(recipe, "plain", steps=3), "reflector", steps=5), folder)) == [
-        "accuracy", "evaluation-1", "rl-reflect-rl", "sft-reflector"]
+        "accuracy", "evaluation-reflect-rl", "evaluation-sft-only-with-reflection", "rl-reflect-rl", "sft-reflector"]
     after = _tokens(folder)
-    assert {name for name in after if after[name] != before[name]} == {"sft-reflector", "rl-reflect-rl",
-                                                                        "evaluation-1"}
+    assert {name for name in after if after[name] != before[name]} == {
+        "sft-reflector", "rl-reflect-rl", "evaluation-reflect-rl", "evaluation-sft-only-with-reflection"}
     accuracy = json.loads((folder / "logs" / runner_seed.ACCURACY).read_text())
     assert accuracy["key"]["reads"]["SFT of the reflector (sft_reflection.jsonl)"] == after["sft-reflector"]
 
@@ -237,9 +241,9 @@ def test_a_stage_cut_short_resumes_from_its_newest_whole_checkpoint(tmp_path, fa
     # an RL run killed after its last checkpoint (before its marker): nothing left to run, its run read as it is
     (folder / demo.FINISHED).unlink()
     rl = folder / "runs" / "rl-rlft-only"
-    for name in ("rl-rlft-only", "evaluation-1"):  # as if that run had not finished
+    for name in ("rl-rlft-only", "evaluation-rlft-only"):  # as if that run had not finished
         (folder / "logs" / f"{name}{stages.DONE}").unlink()
-    assert _run(fake, recipe, folder) == ["evaluation-1"]
+    assert _run(fake, recipe, folder) == ["evaluation-rlft-only"]
     assert "RLFT: RLFT only: its final checkpoint" in capsys.readouterr().out
     assert [run.name for run in checkpoints.run_dirs(rl)] == ["1_rl_finetune"]
 
@@ -248,7 +252,7 @@ def test_a_stage_cut_short_resumes_from_its_newest_whole_checkpoint(tmp_path, fa
     fake.fail["rl-rlft-only"] = 1
     with pytest.raises(RuntimeError, match="rl-rlft-only killed after checkpoint-1"):
         _run(fake, shortened, folder)
-    assert _run(fake, shortened, folder) == ["rl-rlft-only", "evaluation-1"]
+    assert _run(fake, shortened, folder) == ["rl-rlft-only", "evaluation-rlft-only"]
     assert _flag(fake.argv["rl-rlft-only"], "resume_from") == str(rl / "1_rl_finetune" / "checkpoint-1")
     assert [json.loads(line)["step"] for line in (rl / "2_rl_finetune" / "metrics.jsonl").read_text().splitlines()] \
         == [1, 2, 3]
