@@ -6,6 +6,7 @@ the bundle's parts fit a call and come together again, and carry every package a
 image lacks."""
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -86,6 +87,12 @@ def _side_by_side(markers: list[dict]) -> bool:
     return len({m["process"] for m in markers}) == len(markers) and max(m["started"] for m in markers) < min(ends)
 
 
+def _most_at_once(markers: list[dict]) -> int:
+    """The most of these stages that were running at one moment."""
+    edges = sorted([(m["started"], 1) for m in markers] + [(m["started"] + m["seconds"], -1) for m in markers])
+    return max(itertools.accumulate(step for _, step in edges))
+
+
 @pytest.mark.slow
 def test_the_gpu_profile_runs_end_to_end_on_a_cpu_and_packs_what_comes_back(tmp_path):
     """``make gpu-column``'s command at the smoke budget, with tiny-gpt2 on the CPU: data, every SFT, RL run and
@@ -100,8 +107,16 @@ def test_the_gpu_profile_runs_end_to_end_on_a_cpu_and_packs_what_comes_back(tmp_
     recipe = RECIPES["taxi_pickup"].gpu("tiny-gpt2")
     assert _side_by_side([markers[f"sft-{role}"] for role in recipe.sft])
     assert _side_by_side([markers[f"rl-{runner_seed.slug(name)}"] for name in recipe.rl])
-    parts = [m for name, m in markers.items() if name.startswith("evaluation-")]
-    assert len(parts) == len(recipe.rows) and _side_by_side(parts)  # one row a process
+    # a row a process, each once its models are trained: a row reading an RL run after that run has ended, the
+    # others beside the RL runs (in the processes those leave free), so the rows need not run all at once
+    parts = {row.name: markers[f"evaluation-{runner_seed.slug(row.name)}"] for row in recipe.rows}
+    assert len(markers) == 1 + len(recipe.sft) + len(recipe.rl) + len(parts)  # data, models, runs, rows
+    assert len({m["process"] for m in parts.values()}) == len(parts)
+    for row in recipe.rows:
+        if row.policy.startswith("rl:"):
+            run = markers[f"rl-{runner_seed.slug(row.policy.removeprefix('rl:'))}"]
+            assert parts[row.name]["started"] >= run["started"] + run["seconds"], row.name
+    assert _most_at_once([*parts.values(), *(markers[f"rl-{runner_seed.slug(n)}"] for n in recipe.rl)]) <= recipe.workers
 
     packed = out / "taxi_pickup-seed0"
     files = sorted(path.name for path in packed.iterdir())
