@@ -80,6 +80,12 @@ class Row:
         kind, _, source = self.policy.partition(":")
         return source if kind == "sft" else None
 
+    @property
+    def rl_variant(self) -> str | None:
+        """The RL variant whose policy the row plays (``rl:<variant>``), None for an SFT role's."""
+        kind, _, source = self.policy.partition(":")
+        return source if kind == "rl" else None
+
 
 @dataclass(frozen=True)
 class Evaluation:

@@ -113,8 +113,8 @@ def test_the_gpu_profile_runs_end_to_end_on_a_cpu_and_packs_what_comes_back(tmp_
     assert len(markers) == 1 + len(recipe.sft) + len(recipe.rl) + len(parts)  # data, models, runs, rows
     assert len({m["process"] for m in parts.values()}) == len(parts)
     for row in recipe.rows:
-        if row.policy.startswith("rl:"):
-            run = markers[f"rl-{runner_seed.slug(row.policy.removeprefix('rl:'))}"]
+        if row.rl_variant:
+            run = markers[f"rl-{runner_seed.slug(row.rl_variant)}"]
             assert parts[row.name]["started"] >= run["started"] + run["seconds"], row.name
     assert _most_at_once([*parts.values(), *(markers[f"rl-{runner_seed.slug(n)}"] for n in recipe.rl)]) <= recipe.workers
 
