@@ -120,16 +120,15 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     # a process no RL run can use yet plays the rows whose models are trained (the heaviest first)
     def config_of(row) -> dict:
         """A row's entry in its evaluation's list, its checkpoints found when the evaluation starts."""
-        kind, _, source = row.policy.partition(":")
-        policy = sft_checkpoint(source) if kind == "sft" else LatestRun(
-            "", rl_runs[source], "rl_finetune", f"checkpoint-{recipe.rl[source].iterations}")
+        variant = row.rl_variant
+        policy = sft_checkpoint(row.sft_role) if variant is None else LatestRun(
+            "", rl_runs[variant], "rl_finetune", f"checkpoint-{recipe.rl[variant].iterations}")
         return {"name": row.name, "load_dir": policy,
                 **({"reflect_load_dir": sft_checkpoint(row.reflector)} if row.reflector else {})}
 
     def read_by(row) -> tuple[str, ...]:
         """The steps whose output a row reads: the data, its policy's and its reflector's."""
-        kind, _, source = row.policy.partition(":")
-        return (DATA, sft_names[source] if kind == "sft" else rl_names[source],
+        return (DATA, sft_names[row.sft_role] if row.rl_variant is None else rl_names[row.rl_variant],
                 *([sft_names[row.reflector]] if row.reflector else []))
 
     playing = {}  # by evaluation label: its level prefix, and the folder of each row it plays, by row name
