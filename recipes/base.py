@@ -179,9 +179,8 @@ class Recipe:
             if not set(figure.variants) | {name for name, _ in figure.shift} <= set(self.rl):
                 raise ValueError(f"recipe {self.name}: figure {figure.file!r} names an unknown RL variant")
         for row in self.rows:
-            kind, _, source = row.policy.partition(":")
-            known = self.sft if kind == "sft" else self.rl if kind == "rl" else {}
-            if source not in known or (row.reflector is not None and row.reflector not in self.sft):
+            known = row.sft_role in self.sft or row.rl_variant in self.rl  # neither for an unknown kind
+            if not known or (row.reflector is not None and row.reflector not in self.sft):
                 raise ValueError(f"recipe {self.name}: row {row.name!r} names an unknown model")
 
     @property
@@ -232,7 +231,7 @@ class Recipe:
             raise ValueError(f"--rows: each a row of {self.name} ({', '.join(map(repr, known))}), once; got {names}")
         rows = tuple(row for row in self.rows if row.name in names)
         rl = {name: variant for name, variant in self.rl.items()
-              if any(row.policy == f"rl:{name}" for row in rows)}
+              if any(row.rl_variant == name for row in rows)}
         used = sft_roles_read(rows, rl)
         sft_streams = tuple(tuple(role for role in stream if role in used) for stream in self.sft_streams)
         rl_streams = tuple(tuple(name for name in stream if name in rl) for stream in self.rl_streams)

@@ -13,7 +13,7 @@ import demo
 from prompts import LABELS
 from recipes import DEFAULT, RECIPES
 from recipes.auto_explore import HOLDOUT_REPO
-from recipes.base import RUNNER_BUDGET
+from recipes.base import RUNNER_BUDGET, Row
 from runner import report, stages
 from runner import seed as runner_seed
 
@@ -147,6 +147,22 @@ def test_overlap_pairs_each_rl_stream_with_an_sft_stream():
     recipe = RECIPES["taxi_dropoff"]
     with pytest.raises(ValueError, match="overlap pairs SFT and RL streams, but there are 2 and 1"):
         dataclasses.replace(recipe, rl_streams=(tuple(recipe.rl),))
+
+
+@pytest.mark.parametrize("policy, reflector", [
+    ("sft:nowhere", None),  # an SFT role the recipe does not train
+    ("rl:nowhere", None),  # an RL variant it does not run
+    ("sft:RLFT only", None),  # an RL variant's name under the SFT kind
+    ("rl:policy", None),  # an SFT role's name under the RL kind
+    ("ppo:policy", None),  # a kind that is neither
+    ("sft:policy", "nowhere"),  # a reflector it does not train
+])
+def test_a_row_naming_a_model_the_recipe_does_not_make_is_refused(policy, reflector):
+    recipe = RECIPES["taxi_pickup"]
+    assert "policy" in recipe.sft and "RLFT only" in recipe.rl  # so each case above is wrong only as it says
+    rows = (*recipe.rows, Row("bad", policy, reflector))
+    with pytest.raises(ValueError, match="row 'bad' names an unknown model"):
+        dataclasses.replace(recipe, rows=rows)
 
 
 @pytest.mark.slow
