@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {seed: finished_or_run(recipe, seed, root / f"seed-{seed}", workers, cores,
                                       column_dir(top, recipe.shares) / f"seed-{seed}" if recipe.shares else None)
                 for seed in seeds}
-        report = seeds_report(recipe, runs)
+        report = seeds_report(recipe.whole or recipe, runs)  # every row an earlier run left standing too
         write_text_atomic(root / "results.md", report)
         write_json(root / "results.json", {str(s): r for s, r in runs.items()})
         say(f"results over seeds {seeds} ({root / 'results.md'}):\n\n{report}")
@@ -278,16 +278,19 @@ def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores
     """A seed's results: read back from ``folder/finished.json`` if an earlier run of the same
     settings finished them (so ``--seeds 0 1 2`` after ``--seed 0`` runs seeds 1 and 2 only), else run, in the
     same folder: each step keeps what finished with its key (:func:`runner.seed.run_seed`; ``home``: the seed
-    folder whose data and SFT models it reads and, where they have not finished, makes)."""
+    folder whose data and SFT models it reads and, where they have not finished, makes). A recipe cut down to some
+    rows (``--rows``) always runs: its report gives the other rows as their stages stand now, which its settings
+    do not say; what it keeps takes seconds to read."""
     done = folder / FINISHED
     settings = {**recipe.settings(seed, (home or folder) / "data"), "numerics": numerics_setting(cores)}
     settings = json.loads(json.dumps(settings))
     if done.is_file():
         saved = json.loads(done.read_text(encoding="utf-8"))
-        if saved.get("settings") == settings:
+        if saved.get("settings") == settings and recipe.whole is None:
             say(f"seed {seed}: finished earlier with the same settings, results read from {done}")
             return saved["run"]
-        say(f"seed {seed}: {done} was made with other settings; the steps they change run again")
+        say(f"seed {seed}: {done} was made with other settings; the steps they change run again"
+            if recipe.whole is None else f"seed {seed}: some rows (--rows); what stands is kept")
         done.unlink()  # the folder's steps no longer all stand behind those results
     folder.mkdir(parents=True, exist_ok=True)
     run = run_seed(recipe, seed, folder, workers, cores, home)

@@ -152,6 +152,9 @@ class Recipe:
     # RL saves one every this many iterations instead (None: as ``save_every``): an iteration can take minutes where
     # an SFT step takes seconds, so a run of 20 iterations saved every 50 would keep nothing when it is cut short.
     rl_save_every: int | None = None
+    # The recipe this one was cut from (``only``: ``demo.py --rows``), whose other rows a seed's report still gives
+    # where their evaluations finished under the keys it would run them with (runner/seed.py); None: this one.
+    whole: "Recipe | None" = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("save_every", "rl_save_every"):
@@ -225,7 +228,8 @@ class Recipe:
         """This recipe with the rows ``names`` only (``demo.py --rows``), and only the stages they read: the SFT roles
         and RL runs of those rows, in the streams they had. Its name and every kept stage's command are this
         recipe's, so the same seed folder keeps them for a later run of every row, and the evaluations of the rows
-        played (a stage a row and evaluation)."""
+        played (a stage a row and evaluation). It remembers this recipe (``whole``), so that the seed's report also
+        gives the rows an earlier run played and whose stages still stand."""
         known = [row.name for row in self.rows]
         if not names or len(set(names)) != len(names) or not set(names) <= set(known):
             raise ValueError(f"--rows: each a row of {self.name} ({', '.join(map(repr, known))}), once; got {names}")
@@ -245,7 +249,7 @@ class Recipe:
             evaluation, rows=tuple(row for row in evaluation.rows if row in names))
             for name, evaluation in self.evaluations.items()}
         return dataclasses.replace(
-            self, rows=rows, rl=rl, sft={role: spec for role, spec in self.sft.items() if role in used},
+            self, whole=self.whole or self, rows=rows, rl=rl, sft={role: spec for role, spec in self.sft.items() if role in used},
             sft_streams=sft_streams, rl_streams=rl_streams,
             evaluations={name: evaluation for name, evaluation in evaluations.items() if evaluation.rows != ()},
             accuracy=self.accuracy if any(row.sft_role and row.reflector for row in rows) else None,

@@ -23,6 +23,7 @@ from runner.stages import (
     Listing,
     Stage,
     done_marker,
+    kept,
     latest_run,
     numerics_setting,
     once,
@@ -51,7 +52,13 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     the threads the stages share (the reference path's fixed count; None: this machine's cores), and so the
     numerical path every step is keyed by. A step that finished with its key is kept, whatever else changed.
     ``home``: the seed folder of the column whose data and SFT stages this one shares (``Recipe.shares``): they are
-    read, or run, there, under the same keys, so that a comparison of learners trains no model its column has."""
+    read, or run, there, under the same keys, so that a comparison of learners trains no model its column has.
+
+    A recipe cut down to some of its rows (``Recipe.only``) runs only their stages, and its report also gives each
+    other row of the recipe it was cut from (``Recipe.whole``) whose evaluation finished under the key it would run
+    with now (:func:`runner.stages.kept`), as does the reflector's accuracy: an earlier run of every row, then
+    ``--rows`` of one, still reports them all."""
+    full = recipe.whole or recipe  # the stages' commands are its own: a cut-down recipe runs some of them
     runs, logs = folder / "runs", folder / "logs"
     home = home or folder
     data, sft_runs, sft_logs = home / "data", home / "runs", home / "logs"
@@ -74,13 +81,13 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     markers = {DATA: done_marker(sft_logs, DATA)}  # every finished step's done marker, by name, as the stages read them
 
     # --- 2. SFT, the reflector beside the policies; 3. RLFT, each variant playing the validation panel
-    sft_names = {role: f"SFT of the {role} ({spec.file})" for role, spec in recipe.sft.items()}
+    sft_names = {role: f"SFT of the {role} ({spec.file})" for role, spec in full.sft.items()}
 
     def sft_checkpoint(role: str, prefix: str = "") -> LatestRun:
-        return sft_checkpoint_of(recipe, sft_runs, role, prefix)
+        return sft_checkpoint_of(full, sft_runs, role, prefix)
 
     def sft_stage(role: str) -> Stage:
-        spec = recipe.sft[role]
+        spec = full.sft[role]
         return Stage(sft_names[role], "supervised_pretrain", [
             *model, f"--ckpt_path={sft_runs / f'sft-{role}'}", f"--seed={seed}", f"--task_file={data / spec.file}",
             f"--max_steps={spec.steps}", f"--save_steps={recipe.save_every or spec.steps}", *recipe.sft_flags,
@@ -96,11 +103,11 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
                  f"--learning_rate={budget['rl_learning_rate']}", f"--baseline={budget['rl_baseline']}",
                  f"--entropy_coef={budget['rl_entropy_coef']}", f"--eval_steps={budget['panel_every']}",
                  f"--eval_panel={budget['panel_episodes']}"]
-    rl_runs = {name: runs / f"rl-{slug(name)}" for name in recipe.rl}
-    rl_names = {name: f"RLFT: {name}" for name in recipe.rl}
+    rl_runs = {name: runs / f"rl-{slug(name)}" for name in full.rl}
+    rl_names = {name: f"RLFT: {name}" for name in full.rl}
 
     def rl_stage(name: str) -> Stage:
-        variant = recipe.rl[name]
+        variant = full.rl[name]
         starts = [sft_checkpoint(variant.policy, "--load_dir=")] if variant.policy else []
         # the recipe's replay for every learner that replays successes by default (PG's, and the group learners')
         starts += [f"--replay_batch_size={budget['rl_replay']}"] if replays(variant.trainer) else []
@@ -122,7 +129,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         """A row's entry in its evaluation's list, its checkpoints found when the evaluation starts."""
         variant = row.rl_variant
         policy = sft_checkpoint(row.sft_role) if variant is None else LatestRun(
-            "", rl_runs[variant], "rl_finetune", f"checkpoint-{recipe.rl[variant].iterations}")
+            "", rl_runs[variant], "rl_finetune", f"checkpoint-{full.rl[variant].iterations}")
         return {"name": row.name, "load_dir": policy,
                 **({"reflect_load_dir": sft_checkpoint(row.reflector)} if row.reflector else {})}
 
@@ -131,20 +138,27 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         return (DATA, sft_names[row.sft_role] if row.rl_variant is None else rl_names[row.rl_variant],
                 *([sft_names[row.reflector]] if row.reflector else []))
 
-    playing = {}  # by evaluation label: its level prefix, and the folder of each row it plays, by row name
+    def eval_stage(label: str, evaluation: Evaluation, row) -> Stage:
+        """Row ``row`` playing ``evaluation`` (``label``: as the stages name it), in its folder."""
+        where = runs / f"{slug(label)}-{slug(row.name)}"
+        listing = Listing(logs / f"{where.name}.rows.yaml", (tuple(config_of(row).items()),))
+        return Stage(f"{label}: {row.name}", "evaluation.evaluate", [
+            *evaluation_argv(full, evaluation, data), f"--ckpt_path={where}", f"--eval_load_list={listing.path}"],
+            logs / f"{where.name}.log", needs=read_by(row), output=where, listing=listing)
+
+    def played_by(evaluation: Evaluation, rows) -> list:
+        return [row for row in rows if evaluation.rows is None or row.name in evaluation.rows]
+
+    labels = {name: "evaluation" if index == 0 else f"evaluation ({name})"
+              for index, name in enumerate(full.evaluations)}
+    playing = {}  # by evaluation label: its level prefix, and each row it plays now, by row name
     eval_streams = []
-    for index, (name, evaluation) in enumerate(recipe.evaluations.items()):
-        label = "evaluation" if index == 0 else f"evaluation ({name})"
-        rows = [row for row in recipe.rows if evaluation.rows is None or row.name in evaluation.rows]
-        playing[label] = (level_prefix(recipe, name), {row.name: runs / f"{slug(label)}-{slug(row.name)}"
-                                                       for row in rows})
-        for row in sorted(rows, key=lambda row: row.reflector is None):  # a row that reflects is the longer to play
-            where = playing[label][1][row.name]
-            listing = Listing(logs / f"{where.name}.rows.yaml", (tuple(config_of(row).items()),))
-            eval_streams.append([Stage(f"{label}: {row.name}", "evaluation.evaluate", [
-                *evaluation_argv(recipe, evaluation, data), f"--ckpt_path={where}",
-                f"--eval_load_list={listing.path}"], logs / f"{where.name}.log", needs=read_by(row), output=where,
-                listing=listing)])
+    for name, evaluation in recipe.evaluations.items():
+        rows = played_by(evaluation, recipe.rows)
+        playing[labels[name]] = (level_prefix(full, name), {row.name: row for row in rows})
+        # a row that reflects is the longer to play
+        eval_streams += [[eval_stage(labels[name], evaluation, row)] for row in
+                         sorted(rows, key=lambda row: row.reflector is None)]
 
     tic = time.time()
     if recipe.overlap:  # RL stream i goes on where SFT stream i ends; a run starts once its SFT models are trained
@@ -158,22 +172,39 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
         timings.update(run_side_by_side(rl_streams, workers, cores=cores, after=eval_streams, finished={
             **markers, **{stage.name: stage.marker for stream in sft_streams for stage in stream}}))
         timings["RLFT and evaluation (wall)"] = time.time() - tic
-    markers.update({stage.name: stage.marker for stream in sft_streams + rl_streams for stage in stream})
-    rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()}
+    # every stage of the whole recipe, those not run now included (found on disk where an earlier run made them)
+    every = {stage.name: stage for stage in [*map(sft_stage, full.sft), *map(rl_stage, full.rl)]}
+    markers.update({name: stage.marker for name, stage in every.items()})
+    here = {stage.name for stream in sft_streams + rl_streams for stage in stream}
+
+    def standing(stage: Stage) -> bool:
+        """Whether ``stage`` ran now, or finished earlier under the key it would run with now."""
+        return stage.name in here or kept(stage, numerics, markers, every)
+
+    for name, evaluation in full.evaluations.items():  # the rows not played now whose evaluations stand
+        _, rows = playing.setdefault(labels[name], (level_prefix(full, name), {}))
+        for row in played_by(evaluation, full.rows):
+            stage = eval_stage(labels[name], evaluation, row)
+            if row.name not in rows and kept(stage, numerics, markers, every):
+                rows[row.name] = row
+                timings[stage.name] = json.loads(stage.marker.read_text(encoding="utf-8"))["seconds"]
+    reported = [row for row in full.rows if any(row.name in rows for _, rows in playing.values())]
+    rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()
+          if name in recipe.rl or standing(every[rl_names[name]])}
     logged = {name: metrics.read_metrics(path) for name, path in rl.items()}
     played = {name: sum(record.get("episodes_played", 0) for record in records)
               for name, records in logged.items()}  # the episode budget each run spent, its learner's own ones included
     # the reflector's generation inside each stage that reflects (seconds of its process; stages run side by side)
     reflecting = {f"RLFT: {name}": sum(record.get("reflect_seconds", 0.0) for record in records)
-                  for name, records in logged.items() if recipe.rl[name].reflector}
+                  for name, records in logged.items() if full.rl[name].reflector}
 
-    configs = [{key: str(value) for key, value in config_of(row).items()} for row in recipe.rows]
+    configs = [{key: str(value) for key, value in config_of(row).items()} for row in reported]
     results = [dict(config, levels={}) for config in configs]
-    for label, (prefix, folders) in playing.items():
-        timings[label] = sum(timings[f"{label}: {name}"] for name in folders)  # its processes' seconds
-        for result, row in zip(results, recipe.rows):
-            if row.name in folders:
-                run = latest_run(folders[row.name], evaluate.SCRIPT)
+    for label, (prefix, shown) in playing.items():
+        timings[label] = sum(timings[f"{label}: {name}"] for name in shown)  # its processes' seconds
+        for result, row in zip(results, reported):
+            if row.name in shown:
+                run = latest_run(runs / f"{slug(label)}-{slug(row.name)}", evaluate.SCRIPT)
                 (found,) = json.loads((run / "results.json").read_text(encoding="utf-8"))
                 result["levels"].update({prefix + level: figures for level, figures in found["levels"].items()})
                 if row.reflector:
@@ -182,23 +213,28 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
 
     # --- the reflector's accuracy, on the held-out evaluation's episodes
     accuracy: dict[str, list] = {}
-    if recipe.accuracy is not None and recipe.evaluations:
-        evaluation = next(iter(recipe.evaluations.values()))
-        eval_argv = evaluation_argv(recipe, evaluation, data)
-        row, reading = next((row, config) for config, row in zip(configs, recipe.rows) if row.sft_role
-                            and row.reflector)
+    row = next((row for row in full.rows if row.sft_role and row.reflector), None)
+    # measured where this run trains the row's models; else read back where it was, from models that still stand
+    if full.accuracy is not None and full.evaluations and row is not None and (
+            recipe.accuracy is not None or all(standing(every[name]) for name in read_by(row) if name in every)):
+        evaluation = next(iter(full.evaluations.values()))
+        eval_argv = evaluation_argv(full, evaluation, data)
+        reading = {key: str(value) for key, value in config_of(row).items()}
         # in this process: keyed as a stage is, by its command, the row it reads, and its players' tokens
         key = stage_key([*eval_argv, f"--ckpt_path={runs}"], numerics, (json.dumps(
             {"row": reading, "accuracy_episodes": budget["accuracy_episodes"]}, sort_keys=True),),
             tokens({name: markers[name] for name in read_by(row)}))
-        eval_args = parse_args([*eval_argv, f"--ckpt_path={runs}"])
+        if recipe.accuracy is not None:
+            eval_args = parse_args([*eval_argv, f"--ckpt_path={runs}"])
 
-        def measured() -> float:
-            found, seconds = remembered(logs / ACCURACY, key, lambda: recipe.accuracy(recipe, eval_args, reading))
-            accuracy.update(found)
-            return seconds
+            def measured() -> float:
+                found, seconds = remembered(logs / ACCURACY, key, lambda: recipe.accuracy(recipe, eval_args, reading))
+                accuracy.update(found)
+                return seconds
 
-        timed("reflector accuracy", measured)
+            timed("reflector accuracy", measured)
+        elif (logs / ACCURACY).is_file() and json.loads((logs / ACCURACY).read_text(encoding="utf-8")).get("key") == key:
+            accuracy.update(json.loads((logs / ACCURACY).read_text(encoding="utf-8"))["made"])
 
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",
@@ -209,7 +245,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
                         xlabel=figure.xlabel, title=f"{figure.title} (seed {seed})")
     total = time.time() - started
     report = (f"# Reflect-RL demo: {recipe.title}, {recipe.model_label}, offline, training seed {seed}\n\n"
-              f"{paper_table(recipe, results)}\n{episodes_note(recipe, results)} per row (the same for every row and seed); "
+              f"{paper_table(full, results)}\n{episodes_note(full, results)} per row (the same for every row and seed); "
               f"actions sampled at temperature 1, reflections greedy.\n\n"
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
               "Episodes played in RL training: " + ", ".join(f"{name} {n}" for name, n in played.items()) + "\n\n"

@@ -123,8 +123,12 @@ class Listing:
     path: Path
     entries: tuple[tuple[tuple[str, Any], ...], ...]
 
+    def text(self) -> str:
+        """Its YAML, each :class:`LatestRun` found now."""
+        return yaml.safe_dump([{key: str(value) for key, value in entry} for entry in self.entries], sort_keys=False)
+
     def write(self) -> str:
-        text = yaml.safe_dump([{key: str(value) for key, value in entry} for entry in self.entries], sort_keys=False)
+        text = self.text()
         write_text_atomic(self.path, text)
         return text
 
@@ -169,13 +173,33 @@ def _run_stages(stages: list[Stage], threads: int, numerics: dict | str = NATIVE
     seconds = {}
     for stage in stages:
         argv = [str(item) for item in stage.argv]
-        reads = tokens({name: (markers or {})[name] for name in stage.needs})
-        inputs = (*stage.inputs, *([stage.listing.write()] if stage.listing else []))
-        key = stage_key([stage.module, *argv], numerics, inputs, reads, file_digests(stage.files))
+        key = _key_of(stage, argv, numerics, markers or {}, stage.listing.write() if stage.listing else None)
         seconds[stage.name] = once(stage.log.parent, stage.log.stem, key,
                                    lambda resume, stage=stage, argv=argv: _continue(stage, argv, resume),
                                    folder=stage.output, resumable=stage.module in RESUME_STATE)
     return seconds
+
+
+def _key_of(stage: Stage, argv: list[str], numerics: dict | str, markers: dict[str, Path], listing: str | None) -> dict:
+    """``stage``'s key (:func:`stage_key`) run as ``argv`` (its command, found), ``listing`` the text of its listing."""
+    reads = tokens({name: markers[name] for name in stage.needs})
+    inputs = (*stage.inputs, *([listing] if listing is not None else []))
+    return stage_key([stage.module, *argv], numerics, inputs, reads, file_digests(stage.files))
+
+
+def kept(stage: Stage, numerics: dict | str, markers: dict[str, Path], stages: dict[str, "Stage"]) -> bool:
+    """Whether ``stage`` finished with the key it would run under now, and so, in turn, did every stage it reads
+    (among ``stages``, by name; one that is not, the data step, ran in this run), checked without running or
+    writing anything: a later run would keep it (``markers``: every stage's done marker, by name). False where a
+    stage it reads has not finished, or a run its command names is not there."""
+    if not all(kept(stages[name], numerics, markers, stages) for name in stage.needs if name in stages):
+        return False
+    try:
+        argv = [str(item) for item in stage.argv]
+        key = _key_of(stage, argv, numerics, markers, stage.listing.text() if stage.listing else None)
+    except RuntimeError:  # a stage it reads has not finished, or a file or run it names is missing
+        return False
+    return stage.marker.is_file() and json.loads(stage.marker.read_text(encoding="utf-8")).get("key") == key
 
 
 def _continue(stage: Stage, argv: list[str], resume: Path | None) -> None:

@@ -150,6 +150,22 @@ def test_some_rows_run_only_the_stages_they_read_and_a_run_of_every_row_keeps_th
     levels = {r["name"]: r["levels"] for r in every["results"]}
     assert all(levels[r["name"]] == r["levels"] for r in first["results"])  # the same episodes, the same models
 
+    # --rows again: it plays nothing, and still reports every row whose stages stand (it rewrote the column's
+    # table with its own rows only before), the reflector's accuracy too
+    kept = {path.name: path.read_text() for path in (folder / "logs").glob("*.done.json")}
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0", "--rows", "Reflect-RL", *ONE_PROCESS]) == 0
+    assert {path.name: path.read_text() for path in (folder / "logs").glob("*.done.json")} == kept
+    again = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]
+    assert again["results"] == every["results"] and again["reflector_accuracy"] == every["reflector_accuracy"]
+    assert [line.split(" | ")[0][2:] for line in (folder / "results.md").read_text().splitlines()
+            if "% ± " in line] == ROWS
+    # a row whose model no longer stands (its RL run's marker gone: it would train again) is not reported
+    (folder / "logs" / "rl-rlft-only.done.json").unlink()
+    assert demo.main([f"--ckpt_path={tmp_path}", "--seed", "0", "--rows", "Reflect-RL", *ONE_PROCESS]) == 0
+    assert not (folder / "logs" / "rl-rlft-only.done.json").is_file()  # nor run
+    shown = json.loads((tmp_path / "demo" / "results.json").read_text())["0"]["results"]
+    assert [r["name"] for r in shown] == [name for name in ROWS if name != "RLFT only"]
+
 
 def test_a_finished_seed_is_read_back_and_a_changed_budget_runs_again(tmp_path, monkeypatch):
     """finished_or_run's bookkeeping, around a stand-in for the pipeline (the real one: the test above)."""
