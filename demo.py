@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--rows", nargs="+", metavar="ROW",
                      help="only these rows of the column's table (names as the table gives them, e.g. 'SFT only' "
                           "Reflect-RL), and only the stages they read; a later run of every row in the same folder "
-                          "keeps those stages")
+                          "keeps those stages, and the report still gives every other row whose stages an earlier run "
+                          "finished under the same keys")
     cli.add_argument("--profile", default="full", choices=PROFILES,
                      help="full: the recipe's budget; smoke: every stage at a few steps, minutes of CPU (the pipeline "
                           "checked end to end; tests/golden/demo_smoke.md is its table on the reference path); gpu: "
