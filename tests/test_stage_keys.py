@@ -160,6 +160,30 @@ def test_a_changed_rl_flag_runs_that_run_and_its_rows_evaluation_again(tmp_path,
     assert row["name"] == RLFT_ONLY and row["load_dir"].endswith("1_rl_finetune/checkpoint-3")
 
 
+def test_some_rows_report_the_others_whose_stages_stand_under_the_keys_they_would_run_with(tmp_path, fake):
+    """demo.py --rows (``Recipe.only``): the recipe's other rows are reported where their evaluation, and each stage
+    it reads in turn, finished under the key it would run with now; one that a changed setting reaches is not, and
+    nothing of theirs runs."""
+    recipe, folder = _recipe(fake), tmp_path / "seed-0"
+    assert _run(fake, recipe, folder) == STEPS
+    every = json.loads((folder / demo.FINISHED).read_text())["run"]
+
+    def shown(cut) -> list[str]:
+        assert _run(fake, cut.only([REFLECT_RL]), folder) == []  # Reflect-RL's stages kept, no other row's run
+        run = json.loads((folder / demo.FINISHED).read_text())["run"]
+        assert all(result in every["results"] for result in run["results"])
+        return [result["name"] for result in run["results"]]
+
+    assert shown(recipe) == [row.name for row in recipe.rows]
+    assert json.loads((folder / demo.FINISHED).read_text())["run"]["reflector_accuracy"] == every["reflector_accuracy"]
+    flagged = _variant(recipe, WITHOUT_REFLECTION, flags=("--entropy_coef=0.01",))  # its RL run's key changes
+    assert shown(flagged) == [row.name for row in recipe.rows if row.name != WITHOUT_REFLECTION]
+    # the plain policy's SFT: read by "SFT only" and by the RL run of w/o reflection
+    assert shown(_role(recipe, "plain", steps=3)) == [row.name for row in recipe.rows
+                                                      if row.name not in ("SFT only", WITHOUT_REFLECTION)]
+    assert shown(recipe) == [row.name for row in recipe.rows]  # nothing was run or lost meanwhile
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_changed_sft_budget_runs_that_sft_and_what_reads_it_again(tmp_path, fake, overlap):
     recipe, folder = _recipe(fake, overlap=overlap), tmp_path / "seed-0"
