@@ -201,6 +201,9 @@ class Recipe:
         ``iterations`` per RL variant (a curriculum run keeps its levels, each with ``iterations``), ``budget`` over
         the runner's. Reflections are cut at 16 tokens (a reflector of a few SFT steps writes to the cap of 100, and
         generating them would be most of the time) and SFT batches at 4."""
+        if self.whole is not None:  # its stages' commands are its whole recipe's, which this would leave unscaled
+            raise ValueError(f"recipe {self.name}: scale the whole recipe, then cut its rows (Recipe.only)")
+
         def shrunk(variant: RLVariant) -> RLVariant:
             steps = tuple(iterations for _ in variant.level_steps)
             return dataclasses.replace(variant, iterations=sum(steps) or iterations, level_steps=steps)
@@ -217,6 +220,8 @@ class Recipe:
         ``tests/golden/demo_smoke.md``). ``batch``: the most episodes an RL iteration or an evaluation batch plays
         (``--profile gpu-smoke``: a GPU's batches of ALFWorld games, each in its own process, would take a CPU's
         minutes to start)."""
+        if self.whole is not None:  # the whole recipe at the smoke budget, cut to the same rows
+            return self.whole.smoke(batch).only([row.name for row in self.rows])
         batches = {} if batch is None else {key: min(self.budget[key], batch)
                                             for key in ("rl_batch", "rl_train_batch", "eval_batch")}
         small = self.scaled({role: 4 if role == "reflector" else 2 for role in self.sft}, 2, eval_episodes=4,

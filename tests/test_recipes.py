@@ -454,3 +454,16 @@ def test_a_row_not_run_yet_is_said_so_in_the_papers_table():
     first = next(line for line in table if line.startswith(f"| {SFT_ONLY} |"))
     assert "| not run / 7% |" in first  # Taxi pickup's SFT only: the paper's 7%, ours not run
     assert "| 50.0% (50.0–50.0) / 58% |" in next(line for line in table if line.startswith(f"| {REFLECT_RL} |"))
+
+
+def test_a_recipe_cut_to_some_rows_is_scaled_through_its_whole_recipe():
+    """Recipe.only keeps the recipe it was cut from, whose stages' commands the runner uses (runner/seed.py): a smoke
+    budget taken after the cut is the whole recipe's, cut again; a scale that would leave the whole one as it was
+    is refused."""
+    taxi = RECIPES[DEFAULT]
+    cut = taxi.only(["Reflect-RL"])
+    small = cut.smoke()
+    assert small.whole.sft == taxi.smoke().sft and small.sft == taxi.smoke().only(["Reflect-RL"]).sft
+    assert [row.name for row in small.rows] == ["Reflect-RL"] and small.budget == taxi.smoke().budget
+    with pytest.raises(ValueError, match="scale the whole recipe"):
+        cut.scaled({role: 2 for role in cut.sft}, 2)
