@@ -5,6 +5,7 @@ computes from (:mod:`runner.stages`): an SFT by the bytes of its texts, the data
 (they read its folder), an SFT's the RL runs and evaluations that read its checkpoint, an RL run's the evaluations
 of its rows."""
 
+import functools
 import json
 import re
 import time
@@ -27,6 +28,7 @@ from runner.stages import (
     latest_run,
     numerics_setting,
     once,
+    recalled,
     remembered,
     run_side_by_side,
     say,
@@ -177,20 +179,26 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     markers.update({name: stage.marker for name, stage in every.items()})
     here = {stage.name for stream in sft_streams + rl_streams for stage in stream}
 
-    def standing(stage: Stage) -> bool:
-        """Whether ``stage`` ran now, or finished earlier under the key it would run with now."""
-        return stage.name in here or kept(stage, numerics, markers, every)
+    def reads_standing(stage: Stage) -> bool:
+        """Whether every stage ``stage`` reads stands (the data step ran now)."""
+        return all(standing(name) for name in stage.needs if name in every)
+
+    @functools.cache
+    def standing(name: str) -> bool:
+        """Whether stage ``name`` ran now, or finished earlier under the key it would run with now, as did every
+        stage it reads in turn: a later run would keep it."""
+        return name in here or (reads_standing(every[name]) and kept(every[name], numerics, markers))
 
     for name, evaluation in full.evaluations.items():  # the rows not played now whose evaluations stand
         _, rows = playing.setdefault(labels[name], (level_prefix(full, name), {}))
         for row in played_by(evaluation, full.rows):
             stage = eval_stage(labels[name], evaluation, row)
-            if row.name not in rows and kept(stage, numerics, markers, every):
+            if row.name not in rows and reads_standing(stage) and kept(stage, numerics, markers):
                 rows[row.name] = row
                 timings[stage.name] = json.loads(stage.marker.read_text(encoding="utf-8"))["seconds"]
     reported = [row for row in full.rows if any(row.name in rows for _, rows in playing.values())]
     rl = {name: latest_run(path, "rl_finetune") for name, path in rl_runs.items()
-          if name in recipe.rl or standing(every[rl_names[name]])}
+          if standing(rl_names[name])}
     logged = {name: metrics.read_metrics(path) for name, path in rl.items()}
     played = {name: sum(record.get("episodes_played", 0) for record in records)
               for name, records in logged.items()}  # the episode budget each run spent, its learner's own ones included
@@ -216,7 +224,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     row = next((row for row in full.rows if row.sft_role and row.reflector), None)
     # measured where this run trains the row's models; else read back where it was, from models that still stand
     if full.accuracy is not None and full.evaluations and row is not None and (
-            recipe.accuracy is not None or all(standing(every[name]) for name in read_by(row) if name in every)):
+            recipe.accuracy is not None or all(standing(name) for name in read_by(row) if name in every)):
         evaluation = next(iter(full.evaluations.values()))
         eval_argv = evaluation_argv(full, evaluation, data)
         reading = {key: str(value) for key, value in config_of(row).items()}
@@ -233,8 +241,8 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
                 return seconds
 
             timed("reflector accuracy", measured)
-        elif (logs / ACCURACY).is_file() and json.loads((logs / ACCURACY).read_text(encoding="utf-8")).get("key") == key:
-            accuracy.update(json.loads((logs / ACCURACY).read_text(encoding="utf-8"))["made"])
+        elif (found := recalled(logs / ACCURACY, key)) is not None:
+            accuracy.update(found[0])
 
     # --- 5. table and plot
     curves = plot.plot([f"{name}={path}" for name, path in rl.items()], folder / "rl_curves.png",

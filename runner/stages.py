@@ -187,13 +187,11 @@ def _key_of(stage: Stage, argv: list[str], numerics: dict | str, markers: dict[s
     return stage_key([stage.module, *argv], numerics, inputs, reads, file_digests(stage.files))
 
 
-def kept(stage: Stage, numerics: dict | str, markers: dict[str, Path], stages: dict[str, "Stage"]) -> bool:
-    """Whether ``stage`` finished with the key it would run under now, and so, in turn, did every stage it reads
-    (among ``stages``, by name; one that is not, the data step, ran in this run), checked without running or
-    writing anything: a later run would keep it (``markers``: every stage's done marker, by name). False where a
-    stage it reads has not finished, or a run its command names is not there."""
-    if not all(kept(stages[name], numerics, markers, stages) for name in stage.needs if name in stages):
-        return False
+def kept(stage: Stage, numerics: dict | str, markers: dict[str, Path]) -> bool:
+    """Whether ``stage`` finished with the key it would run under now (``markers``: every stage's done marker, by
+    name), checked without running or writing anything: a later run would keep it, if the stages it reads stand
+    too (the caller's to check). False where a stage it reads has not finished, or a run its command names is not
+    there."""
     try:
         argv = [str(item) for item in stage.argv]
         key = _key_of(stage, argv, numerics, markers, stage.listing.text() if stage.listing else None)
@@ -276,14 +274,22 @@ def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], 
     return seconds
 
 
-def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, float]:
-    """What ``make`` returns (plain JSON) and its seconds: read back from ``path`` where an earlier run made it
-    with the same ``key``, else made now and kept there with the key."""
+def recalled(path: Path, key: dict) -> tuple[Any, float] | None:
+    """What :func:`remembered` kept at ``path`` under ``key``, and its seconds; None where nothing was."""
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
         if saved.get("key") == key:
-            say(f"{path.stem}: made by an earlier run ({saved['seconds']:.0f} s), read back from {path}")
             return saved["made"], float(saved["seconds"])
+    return None
+
+
+def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, float]:
+    """What ``make`` returns (plain JSON) and its seconds: read back from ``path`` where an earlier run made it
+    with the same ``key``, else made now and kept there with the key."""
+    found = recalled(path, key)
+    if found is not None:
+        say(f"{path.stem}: made by an earlier run ({found[1]:.0f} s), read back from {path}")
+        return found
     tic = time.time()
     made = make()
     seconds = time.time() - tic
