@@ -182,16 +182,14 @@ def _run_stages(stages: list[Stage], threads: int, numerics: dict | str = NATIVE
 
 def _key_of(stage: Stage, argv: list[str], numerics: dict | str, markers: dict[str, Path], listing: str | None) -> dict:
     """``stage``'s key (:func:`stage_key`) run as ``argv`` (its command, found), ``listing`` the text of its listing."""
-    reads = tokens({name: markers[name] for name in stage.needs})
     inputs = (*stage.inputs, *([listing] if listing is not None else []))
-    return stage_key([stage.module, *argv], numerics, inputs, reads, file_digests(stage.files))
+    return stage_key([stage.module, *argv], numerics, inputs, tokens({name: markers[name] for name in stage.needs}),
+                     file_digests(stage.files))
 
 
 def kept(stage: Stage, numerics: dict | str, markers: dict[str, Path]) -> bool:
     """Whether ``stage`` finished with the key it would run under now (``markers``: every stage's done marker, by
-    name), checked without running or writing anything: a later run would keep it, if the stages it reads stand
-    too (the caller's to check). False where a stage it reads has not finished, or a run its command names is not
-    there."""
+    name), checked without running or writing anything; whether the stages it reads stand is the caller's to check."""
     try:
         argv = [str(item) for item in stage.argv]
         key = _key_of(stage, argv, numerics, markers, stage.listing.text() if stage.listing else None)
@@ -276,11 +274,8 @@ def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], 
 
 def recalled(path: Path, key: dict) -> tuple[Any, float] | None:
     """What :func:`remembered` kept at ``path`` under ``key``, and its seconds; None where nothing was."""
-    if path.is_file():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved.get("key") == key:
-            return saved["made"], float(saved["seconds"])
-    return None
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return (saved["made"], float(saved["seconds"])) if saved.get("key") == key else None
 
 
 def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, float]:
