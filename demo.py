@@ -81,9 +81,10 @@ from experiment_args import one_line_usage_errors, parse_args  # noqa: E402
 from recipes import DEFAULT, RECIPES, gpu, learners  # noqa: E402
 from recipes.base import Recipe  # noqa: E402
 from recipes.paper_table import markdown as beside_the_paper  # noqa: E402
+from runner.markers import say  # noqa: E402
 from runner.report import seeds_report  # noqa: E402
 from runner.seed import evaluation_argv, run_seed, sft_checkpoint_of  # noqa: E402
-from runner.stages import WORKERS, numerics_setting, say  # noqa: E402
+from runner.stages import WORKERS, numerics_setting  # noqa: E402
 from utils import models  # noqa: E402
 from utils.arg_groups import SEEDS, output_folders  # noqa: E402
 from utils.arg_words import unknown_words  # noqa: E402

@@ -17,21 +17,17 @@ from prompts import LABEL_FILE
 from recipes.base import Evaluation, Recipe
 from rl_algorithms.defaults import replays
 from runner import stages
+from runner.markers import done_marker, once, recalled, remembered, say
 from runner.report import accuracy_table, episodes_note, level_prefix, paper_table
 from runner.stages import (
     WORKERS,
     LatestRun,
     Listing,
     Stage,
-    done_marker,
     kept,
     latest_run,
     numerics_setting,
-    once,
-    recalled,
-    remembered,
     run_side_by_side,
-    say,
     stage_key,
     tokens,
 )

@@ -14,12 +14,9 @@ import importlib
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,17 +26,12 @@ import torch
 import yaml
 
 from experiment_args import RESUME_STATE, parse_args
-from utils import checkpoints, complete, cpu
-from utils.io import write_json, write_text_atomic
+from runner.markers import done_marker, once, say, step
+from utils import checkpoints, cpu
+from utils.io import write_text_atomic
 
 WORKERS = 2  # processes for independent stages (the SFTs, the RL runs), each with its share of the threads
-DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its key, a token of this finish, its seconds)
-STARTED = ".started.json"  # logs/<stage>.started.json: the key the stage's folder holds a run of, written before it
 NATIVE = "native"  # the numerics of a run on this CPU's own path (numerics_setting)
-
-
-def say(message: str) -> None:
-    print(f"\n[demo] {message}", flush=True)
 
 
 def latest_run(runs: Path, script: str) -> Path:
@@ -54,10 +46,6 @@ def numerics_setting(cores: int | None) -> dict | str:
     path), part of every stage's key and of a finished seed's settings: what was computed on one path is not
     reused for a run on the other."""
     return {"reference": cpu.PINNED, "cores": cores} if cores else NATIVE
-
-
-def done_marker(logs: Path, name: str) -> Path:
-    return logs / f"{name}{DONE}"
 
 
 def stage_key(command: list[str], numerics: dict | str, inputs: tuple[str, ...] = (),
@@ -202,7 +190,7 @@ def _continue(stage: Stage, argv: list[str], resume: Path | None) -> None:
     """Run ``stage`` on ``argv``, from its checkpoint ``resume`` if one is given: with ``--resume_from`` (a new run
     folder beside the one cut short), or not at all where that is its final checkpoint (``--max_steps``), in its
     latest run (it finished, and was stopped before its marker was written)."""
-    if resume is not None and _step(resume.name) == _final_step(argv) and \
+    if resume is not None and step(resume.name) == _final_step(argv) and \
             resume.parent == checkpoints.run_dirs(resume.parent.parent)[-1]:
         say(f"{stage.name}: its final checkpoint {resume} is whole, nothing left to run")
         return
@@ -211,85 +199,15 @@ def _continue(stage: Stage, argv: list[str], resume: Path | None) -> None:
     _run_logged(stage, [*argv, *([f"--resume_from={resume}"] if resume is not None else [])])
 
 
-def _step(checkpoint: str) -> int:
-    return int(checkpoint.rsplit("-", 1)[1])
-
-
 def _final_step(argv: list[str]) -> int | None:
     """The step a training command saves last, ``checkpoint-<--max_steps>`` (its last ``--max_steps=``)."""
     steps = [word.split("=", 1)[1] for word in argv if word.startswith("--max_steps=")]
     return int(steps[-1]) if steps else None
 
 
-def newest_checkpoint(folder: Path) -> Path | None:
-    """The newest whole checkpoint of the runs in a stage's ``folder``: the highest step, the later run's of
-    two (a resumed run cut short before its first save leaves none of its own)."""
-    found = []
-    for index, run in enumerate(checkpoints.run_dirs(folder)):
-        complete.clean_scratch(run)  # a whole checkpoint a kill left under its scratch name is put in place
-        newest = complete.newest_whole(run)
-        if newest is not None:
-            found.append((_step(newest.name), index, newest))
-    return max(found)[2] if found else None
-
-
 def _run_logged(stage: Stage, argv: list[str]) -> None:
     with _output_to(stage.log):
         call(importlib.import_module(stage.module).main, argv)
-
-
-def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], folder: Path | None = None,
-         resumable: bool = False) -> float:
-    """Run ``work`` unless its marker ``logs/<name>.done.json`` says that it finished with the same ``key``
-    (:func:`stage_key`); its seconds, then or now. The marker is written when ``work`` returns, with a fresh
-    token (what the stages reading this one's output key on), when it started and in which process (what ran
-    side by side), so a stage that was killed or failed runs again when its seed resumes.
-
-    ``folder``: what ``work`` writes, its alone. Before ``work`` starts, ``logs/<name>.started.json`` takes its
-    key. A run of the key the started marker already holds continues what was cut short: ``work`` is given the
-    newest whole checkpoint in ``folder`` where ``resumable`` (a script whose ``--resume_from`` continues its
-    run) and there is one, else None (a journal the script keeps in ``folder`` goes on). Any other run starts
-    afresh, ``folder`` emptied first."""
-    marker, started = done_marker(logs, name), logs / f"{name}{STARTED}"
-    if marker.is_file():
-        done = json.loads(marker.read_text(encoding="utf-8"))
-        if done.get("key") == key:
-            say(f"{name}: finished by an earlier run ({done['seconds']:.0f} s), kept")
-            return float(done["seconds"])
-    marker.unlink(missing_ok=True)  # a stage reading this one never reads the token of another key's finish
-    resume = None
-    if started.is_file() and json.loads(started.read_text(encoding="utf-8")).get("key") == key:
-        resume = newest_checkpoint(folder) if resumable and folder is not None else None
-    else:
-        if folder is not None and folder.exists():
-            shutil.rmtree(folder)
-        write_json(started, {"key": key})
-    tic = time.time()
-    work(resume)
-    seconds = time.time() - tic
-    write_json(marker, {"key": key, "token": uuid.uuid4().hex, "seconds": seconds, "started": tic,
-                        "process": os.getpid(), **({"resumed_from": str(resume)} if resume is not None else {})})
-    return seconds
-
-
-def recalled(path: Path, key: dict) -> tuple[Any, float] | None:
-    """What :func:`remembered` kept at ``path`` under ``key``, and its seconds; None where nothing was."""
-    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    return (saved["made"], float(saved["seconds"])) if saved.get("key") == key else None
-
-
-def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, float]:
-    """What ``make`` returns (plain JSON) and its seconds: read back from ``path`` where an earlier run made it
-    with the same ``key``, else made now and kept there with the key."""
-    found = recalled(path, key)
-    if found is not None:
-        say(f"{path.stem}: made by an earlier run ({found[1]:.0f} s), read back from {path}")
-        return found
-    tic = time.time()
-    made = make()
-    seconds = time.time() - tic
-    write_json(path, {"key": key, "made": made, "seconds": seconds})
-    return made, seconds
 
 
 @contextlib.contextmanager

@@ -21,8 +21,8 @@ import demo
 from gpu import bundle, column
 from recipes import RECIPES
 from recipes.gpu import EVAL_EPISODES, LORA
+from runner import markers
 from runner import seed as runner_seed
-from runner import stages
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,8 +77,8 @@ def test_the_gpu_profile_takes_its_model_and_each_machines_own_numerics(monkeypa
 
 
 def _markers(seed: Path) -> dict[str, dict]:
-    return {path.name.removesuffix(stages.DONE): json.loads(path.read_text())
-            for path in (seed / "logs").glob(f"*{stages.DONE}")}
+    return {path.name.removesuffix(markers.DONE): json.loads(path.read_text())
+            for path in (seed / "logs").glob(f"*{markers.DONE}")}
 
 
 def _side_by_side(markers: list[dict]) -> bool:

@@ -14,8 +14,8 @@ import yaml
 
 import demo
 from recipes.taxi_pickup import RECIPE as TAXI
+from runner import markers, stages
 from runner import seed as runner_seed
-from runner import stages
 from utils import checkpoints, complete
 
 REFLECT_RL, WITHOUT_REFLECTION, RLFT_ONLY = "Reflect-RL", "SFT+RLFT w/o reflection", "RLFT only"
@@ -122,8 +122,8 @@ def _role(recipe, role: str, **changes):
 
 
 def _tokens(folder: Path) -> dict[str, str]:
-    return {path.name[:-len(stages.DONE)]: json.loads(path.read_text())["token"]
-            for path in (folder / "logs").glob(f"*{stages.DONE}")}
+    return {path.name[:-len(markers.DONE)]: json.loads(path.read_text())["token"]
+            for path in (folder / "logs").glob(f"*{markers.DONE}")}
 
 
 def _run(scripts: FakeScripts, recipe, folder: Path, cores: int | None = None) -> list[str]:
@@ -232,7 +232,7 @@ def test_the_numerical_path_is_part_of_every_key(tmp_path, fake):
     recipe, folder = _recipe(fake), tmp_path / "seed-0"
     _run(fake, recipe, folder)
     assert _run(fake, recipe, folder, cores=1) == STEPS  # the reference path: nothing of the native one is reused
-    done = json.loads((folder / "logs" / f"sft-policy{stages.DONE}").read_text())
+    done = json.loads((folder / "logs" / f"sft-policy{markers.DONE}").read_text())
     assert done["key"]["numerics"] == {"reference": stages.cpu.PINNED, "cores": 1}
     (folder / demo.FINISHED).unlink()
     assert _run(fake, recipe, folder, cores=1) == []
@@ -247,15 +247,15 @@ def test_a_stage_cut_short_resumes_from_its_newest_whole_checkpoint(tmp_path, fa
         _run(fake, recipe, folder)
     assert fake.argv["sft-reflector"][-1] != "--resume_from"
     assert _flag(fake.argv["sft-reflector"], "save_steps") == "1"  # Recipe.save_every
-    started = json.loads((folder / "logs" / f"sft-reflector{stages.STARTED}").read_text())
-    assert not (folder / "logs" / f"sft-reflector{stages.DONE}").exists()
+    started = json.loads((folder / "logs" / f"sft-reflector{markers.STARTED}").read_text())
+    assert not (folder / "logs" / f"sft-reflector{markers.DONE}").exists()
 
     assert _run(fake, recipe, folder) == STEPS[1:]  # the data kept; the reflector's SFT continues
     resumed = fake.argv["sft-reflector"]
     assert resumed[-1] == f"--resume_from={reflector / '1_supervised_pretrain' / 'checkpoint-2'}"
     assert (f"SFT of the reflector (sft_reflection.jsonl): cut short before; resumes from "
             f"{reflector / '1_supervised_pretrain' / 'checkpoint-2'}, its newest whole checkpoint") in capsys.readouterr().out
-    done = json.loads((folder / "logs" / f"sft-reflector{stages.DONE}").read_text())
+    done = json.loads((folder / "logs" / f"sft-reflector{markers.DONE}").read_text())
     assert done["key"] == started["key"] and "--resume_from" not in " ".join(done["key"]["command"])
     assert done["resumed_from"] == str(reflector / "1_supervised_pretrain" / "checkpoint-2")
     # the run that read it reads the resumed run's final checkpoint, found when it started
@@ -266,7 +266,7 @@ def test_a_stage_cut_short_resumes_from_its_newest_whole_checkpoint(tmp_path, fa
     (folder / demo.FINISHED).unlink()
     rl = folder / "runs" / "rl-rlft-only"
     for name in ("rl-rlft-only", "evaluation-rlft-only"):  # as if that run had not finished
-        (folder / "logs" / f"{name}{stages.DONE}").unlink()
+        (folder / "logs" / f"{name}{markers.DONE}").unlink()
     assert _run(fake, recipe, folder) == ["evaluation-rlft-only"]
     assert "RLFT: RLFT only: its final checkpoint" in capsys.readouterr().out
     assert [run.name for run in checkpoints.run_dirs(rl)] == ["1_rl_finetune"]

@@ -1,0 +1,118 @@
+"""What a seed's stages leave behind to be kept or continued (:mod:`runner.stages` runs them): a stage's done and
+started markers (:func:`once`), the newest whole checkpoint a stage cut short continues from
+(:func:`newest_checkpoint`), and a result computed in the runner itself and kept under its key (:func:`remembered`).
+
+A stage's seconds count every attempt's work that its finish builds on: an attempt cut short counts up to the last
+file it left that a later attempt continued from (its newest whole checkpoint, or its journal's last write)."""
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from utils import checkpoints, complete
+from utils.io import write_json
+
+DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its key, a token of this finish, its seconds)
+STARTED = ".started.json"  # logs/<stage>.started.json: the key the stage's folder holds a run of, written before it
+
+
+def say(message: str) -> None:
+    print(f"\n[demo] {message}", flush=True)
+
+
+def done_marker(logs: Path, name: str) -> Path:
+    return logs / f"{name}{DONE}"
+
+
+def step(checkpoint: str) -> int:
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The newest whole checkpoint of the runs in a stage's ``folder``: the highest step, the later run's of
+    two (a resumed run cut short before its first save leaves none of its own)."""
+    found = []
+    for index, run in enumerate(checkpoints.run_dirs(folder)):
+        complete.clean_scratch(run)  # a whole checkpoint a kill left under its scratch name is put in place
+        newest = complete.newest_whole(run)
+        if newest is not None:
+            found.append((step(newest.name), index, newest))
+    return max(found)[2] if found else None
+
+
+def _last_write(path: Path | None) -> float | None:
+    """When the newest file under ``path`` (a folder, or a file) was written; None where there is none."""
+    if path is None or not path.exists():
+        return None
+    files = [path] if path.is_file() else [found for found in path.rglob("*") if found.is_file()]
+    return max((found.stat().st_mtime for found in files), default=None)
+
+
+def _carried(started: Path, earlier: dict, kept_until: float | None) -> float:
+    """The seconds of work a stage's attempts cut short leave for the next one to continue: what the earlier ones
+    carried, and the last one's from its start (or, in a marker written before attempts were timed, the marker's
+    own writing) to ``kept_until``, when it wrote the last thing continued from."""
+    began = float(earlier.get("attempt", started.stat().st_mtime))
+    return float(earlier.get("carried", 0.0)) + (max(0.0, kept_until - began) if kept_until is not None else 0.0)
+
+
+def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], folder: Path | None = None,
+         resumable: bool = False) -> float:
+    """Run ``work`` unless its marker ``logs/<name>.done.json`` says that it finished with the same ``key``
+    (``runner.stages.stage_key``); its seconds, then or now. The marker is written when ``work`` returns, with a
+    fresh token (what the stages reading this one's output key on), when it started and in which process (what ran
+    side by side), so a stage that was killed or failed runs again when its seed resumes.
+
+    ``folder``: what ``work`` writes, its alone. Before ``work`` starts, ``logs/<name>.started.json`` takes its
+    key and when this attempt began. A run of the key the started marker already holds continues what was cut
+    short: ``work`` is given the newest whole checkpoint in ``folder`` where ``resumable`` (a script whose
+    ``--resume_from`` continues its run) and there is one, else None (a journal the script keeps in ``folder``
+    goes on). Any other run starts afresh, ``folder`` emptied first. The seconds of a continued run count the
+    earlier attempts' work it continues (``carried`` in the marker), not their time lost after it."""
+    marker, started = done_marker(logs, name), logs / f"{name}{STARTED}"
+    if marker.is_file():
+        done = json.loads(marker.read_text(encoding="utf-8"))
+        if done.get("key") == key:
+            say(f"{name}: finished by an earlier run ({done['seconds']:.0f} s), kept")
+            return float(done["seconds"])
+    marker.unlink(missing_ok=True)  # a stage reading this one never reads the token of another key's finish
+    resume, carried = None, 0.0
+    earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
+    if earlier.get("key") == key:
+        resume = newest_checkpoint(folder) if resumable and folder is not None else None
+        carried = _carried(started, earlier, _last_write(resume if resumable else folder))
+    elif folder is not None and folder.exists():
+        shutil.rmtree(folder)
+    tic = time.time()
+    write_json(started, {"key": key, "attempt": tic, "carried": carried})
+    work(resume)
+    seconds = time.time() - tic + carried
+    write_json(marker, {"key": key, "token": uuid.uuid4().hex, "seconds": seconds, "started": tic,
+                        "process": os.getpid(), **({"resumed_from": str(resume)} if resume is not None else {}),
+                        **({"carried": carried} if carried else {})})
+    return seconds
+
+
+def recalled(path: Path, key: dict) -> tuple[Any, float] | None:
+    """What :func:`remembered` kept at ``path`` under ``key``, and its seconds; None where nothing was."""
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return (saved["made"], float(saved["seconds"])) if saved.get("key") == key else None
+
+
+def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, float]:
+    """What ``make`` returns (plain JSON) and its seconds: read back from ``path`` where an earlier run made it
+    with the same ``key``, else made now and kept there with the key."""
+    found = recalled(path, key)
+    if found is not None:
+        say(f"{path.stem}: made by an earlier run ({found[1]:.0f} s), read back from {path}")
+        return found
+    tic = time.time()
+    made = make()
+    seconds = time.time() - tic
+    write_json(path, {"key": key, "made": made, "seconds": seconds})
+    return made, seconds
