@@ -30,8 +30,10 @@ part-way) each step decides for itself, by its key (runner/stages.py): its comma
 numerical path and a token of each step whose output it reads. A step that finished with its key
 (``logs/<stage>.done.json``) is kept, so a changed RL flag runs that RL run and the evaluation of its row again,
 a changed SFT budget that SFT and what reads it, changed data settings everything. A step that runs afresh
-empties its folder first; one that was cut short continues with the same key, an SFT or RL stage from its newest
-whole checkpoint (``--resume_from``; ``Recipe.save_every`` makes checkpoints to resume from).
+moves what a run of another key left (its folder, markers, a seed's ``finished.json``) to ``seed-N/superseded/``
+and says what changed in its key; one that was cut short continues with the same key, an SFT or RL stage from its
+newest whole checkpoint (``--resume_from``; ``Recipe.save_every`` makes checkpoints to resume from). A model
+file is named by its absolute path in every key, however ``--model_name`` spells it.
 
 The tiny-gpt2 columns compute on the reference numerical path (utils/cpu.py), set before torch starts, so that one
 seed gives one table on any x86 CPU with AVX2 (``--native_numerics``: the CPU's own path; a pretrained model always
@@ -81,7 +83,7 @@ from experiment_args import one_line_usage_errors, parse_args  # noqa: E402
 from recipes import DEFAULT, RECIPES, gpu, learners  # noqa: E402
 from recipes.base import Recipe  # noqa: E402
 from recipes.paper_table import markdown as beside_the_paper  # noqa: E402
-from runner.markers import say  # noqa: E402
+from runner.markers import difference, say, set_aside  # noqa: E402
 from runner.report import seeds_report  # noqa: E402
 from runner.seed import evaluation_argv, run_seed, sft_checkpoint_of  # noqa: E402
 from runner.stages import WORKERS, numerics_setting  # noqa: E402
@@ -90,6 +92,7 @@ from utils.arg_groups import SEEDS, output_folders  # noqa: E402
 from utils.arg_words import unknown_words  # noqa: E402
 from utils.errors import UsageError  # noqa: E402
 from utils.io import write_json, write_text_atomic  # noqa: E402
+from utils.model_paths import canonical_model_name  # noqa: E402
 from utils.paths import RESULTS_DIR  # noqa: E402
 
 SEED = 0
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         if lacking:
             cli.error(f"--profile {options.profile}: no GPU profile in {', '.join(lacking)} yet")
         try:  # a model that cannot be found fails here, not in the first stage that reads it
-            model = options.model_name or gpu.default_model()
+            model = canonical_model_name(options.model_name or gpu.default_model())
             models.resolve_model_path(model)
         except UsageError as error:
             cli.error(str(error))
@@ -168,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         if lacking:
             cli.error(f"--model_name: no recipe for a pretrained model in {', '.join(lacking)} yet "
                       f"(those that have one: {', '.join(r.name for r in RECIPES.values() if r.pretrained)})")
+        model = canonical_model_name(options.model_name)
         try:  # a model that cannot be found fails here, not in the first stage that reads it
-            models.resolve_model_path(options.model_name)
+            models.resolve_model_path(model)
         except UsageError as error:
             cli.error(str(error))
-        recipes = [recipe.pretrained(options.model_name) for recipe in recipes]
+        recipes = [recipe.pretrained(model) for recipe in recipes]
     if options.profile in ("smoke", "gpu-smoke"):
         recipes = [recipe.smoke(batch=GPU_SMOKE_BATCH if options.profile == "gpu-smoke" else None) for recipe in recipes]
     if options.learners is not None:
@@ -291,9 +295,11 @@ def finished_or_run(recipe: Recipe, seed: int, folder: Path, workers: int, cores
         if saved.get("settings") == settings and recipe.whole is None:
             say(f"seed {seed}: finished earlier with the same settings, results read from {done}")
             return saved["run"]
-        say(f"seed {seed}: {done} was made with other settings; the steps they change run again"
-            if recipe.whole is None else f"seed {seed}: some rows (--rows); what stands is kept")
-        done.unlink()  # the folder's steps no longer all stand behind those results
+        # the folder's steps no longer all stand behind those results: set aside, never deleted
+        aside = set_aside(folder, [done])
+        say(f"seed {seed}: {done} was made with other settings ({difference(saved.get('settings'), settings)}); "
+            f"it is moved to {aside}, and the steps they change run again" if recipe.whole is None else
+            f"seed {seed}: some rows (--rows); what stands is kept, and {done} is moved to {aside}")
     folder.mkdir(parents=True, exist_ok=True)
     run = run_seed(recipe, seed, folder, workers, cores, home)
     write_json(done, {"settings": settings, "run": run})

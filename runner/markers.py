@@ -19,6 +19,7 @@ from utils.io import write_json
 
 DONE = ".done.json"  # logs/<stage>.done.json: the stage finished (its key, a token of this finish, its seconds)
 STARTED = ".started.json"  # logs/<stage>.started.json: the key the stage's folder holds a run of, written before it
+SUPERSEDED = "superseded"  # <seed>/superseded/: the last run of another key of each stage, moved there, not deleted
 
 
 def say(message: str) -> None:
@@ -72,7 +73,8 @@ def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], 
     key and when this attempt began. A run of the key the started marker already holds continues what was cut
     short: ``work`` is given the newest whole checkpoint in ``folder`` where ``resumable`` (a script whose
     ``--resume_from`` continues its run) and there is one, else None (a journal the script keeps in ``folder``
-    goes on). Any other run starts afresh, ``folder`` emptied first. The seconds of a continued run count the
+    goes on). Any other run starts afresh in an empty ``folder``: what a run of another key made (its folder and
+    markers) is moved aside (:func:`set_aside`), never deleted, and the message says what changed in the key. The seconds of a continued run count the
     earlier attempts' work it continues (``carried`` in the marker), not their time lost after it."""
     marker, started = done_marker(logs, name), logs / f"{name}{STARTED}"
     if marker.is_file():
@@ -80,14 +82,16 @@ def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], 
         if done.get("key") == key:
             say(f"{name}: finished by an earlier run ({done['seconds']:.0f} s), kept")
             return float(done["seconds"])
-    marker.unlink(missing_ok=True)  # a stage reading this one never reads the token of another key's finish
+        say(f"{name}: finished earlier with another key ({difference(done.get('key'), key)}); it runs again, "
+            f"and what it made is moved to {set_aside(logs.parent, [marker, started, folder])}")
     resume, carried = None, 0.0
     earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
     if earlier.get("key") == key:
         resume = newest_checkpoint(folder) if resumable and folder is not None else None
         carried = _carried(started, earlier, _last_write(resume if resumable else folder))
     elif folder is not None and folder.exists():
-        shutil.rmtree(folder)
+        say(f"{name}: cut short earlier with another key ({difference(earlier.get('key'), key)}); it starts "
+            f"afresh, and what that run left is moved to {set_aside(logs.parent, [started, folder])}")
     tic = time.time()
     write_json(started, {"key": key, "attempt": tic, "carried": carried})
     work(resume)
@@ -116,3 +120,60 @@ def remembered(path: Path, key: dict, make: Callable[[], Any]) -> tuple[Any, flo
     seconds = time.time() - tic
     write_json(path, {"key": key, "made": made, "seconds": seconds})
     return made, seconds
+
+
+def set_aside(seed: Path, paths: list[Path | None]) -> Path:
+    """Move each of ``paths`` that exists (a stage's folder and markers, or a seed's results) to the same place
+    under ``seed/superseded/``, replacing what an earlier change had put there: the last run of another key is
+    kept, so a change made by mistake (a model named by another path, a flag) loses nothing that took hours. The
+    folder it moved them under."""
+    aside = seed / SUPERSEDED
+    for path in (path for path in paths if path is not None and path.exists()):
+        path = path.resolve()
+        target = aside / (path.relative_to(seed.resolve()) if path.is_relative_to(seed.resolve()) else path.name)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    return aside
+
+
+_ABSENT = object()  # a place one side of a difference lacks
+WORDS_SHOWN = 3  # differences named in a message, at most
+VALUE_SHOWN = 160  # characters of a value shown in a message, at most
+
+
+def difference(old: Any, new: Any) -> str:
+    """Where ``old`` differs from ``new`` (two stage keys, or a seed's settings), in a few words: the first
+    :data:`WORDS_SHOWN` places, each ``place: old -> new``; a command line compares word by word."""
+    found: list[str] = []
+
+    def shown(value: Any) -> str:
+        text = "(none)" if value is _ABSENT else json.dumps(value) if not isinstance(value, str) else value
+        return text if len(text) <= VALUE_SHOWN else text[:VALUE_SHOWN - 3] + "..."
+
+    def walk(a: Any, b: Any, where: str) -> None:
+        if a == b or len(found) > WORDS_SHOWN:
+            return
+        if isinstance(a, str) and isinstance(b, str) and (" " in a or " " in b):
+            a, b = a.split(), b.split()
+        if isinstance(a, dict) and isinstance(b, dict):
+            for name in sorted(set(a) | set(b), key=str):
+                walk(a.get(name, _ABSENT), b.get(name, _ABSENT), f"{where}.{name}" if where else str(name))
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for index, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{where}[{index}]")
+        elif isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b):
+            gone, added = [x for x in a if x not in b], [x for x in b if x not in a]
+            found.append(f"{where or 'it'}: " + "; ".join(part for part in (
+                f"without {shown(' '.join(gone))}" if gone else "", f"with {shown(' '.join(added))}" if added else "",
+                "in another order" if not gone and not added else "") if part))
+        else:
+            found.append(f"{where or 'it'}: {shown(a)} -> {shown(b)}")
+
+    walk(old, new, "")
+    more = "; and more" if len(found) > WORDS_SHOWN else ""
+    return "; ".join(found[:WORDS_SHOWN]) + more if found else "no difference"
+

@@ -19,8 +19,8 @@ import demo
 from evaluation import episodes, evaluate
 from recipes import RECIPES
 from recipes.taxi_pickup import RECIPE as TAXI
+from runner import markers, stages
 from runner import seed as runner_seed
-from runner import stages
 from utils.checkpoints import run_dirs
 
 ROWS = [row.name for row in TAXI.rows]
@@ -217,8 +217,11 @@ def test_an_unfinished_seed_resumes_and_keeps_what_it_finished(tmp_path, monkeyp
     assert calls == [[], ["kept.txt"]] and (folder / demo.FINISHED).is_file()
 
     other = dataclasses.replace(TAXI, budget=dict(TAXI.budget, eval_episodes=2))
+    before = (folder / demo.FINISHED).read_text()
     demo.finished_or_run(other, 0, folder, 1)
-    assert calls[-1] == ["kept.txt"]  # neither the other settings' results nor a clean folder
+    # neither the other settings' results nor a clean folder; those results are set aside, not deleted
+    assert calls[-1] == ["kept.txt", markers.SUPERSEDED]
+    assert (folder / markers.SUPERSEDED / demo.FINISHED).read_text() == before
 
     # a seed finished on this CPU's own path is not read back for the reference path (utils/cpu.py), nor back again
     assert len(calls) == 3
@@ -509,6 +512,34 @@ def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys, monkeypatch):
     assert stop.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--model_name" in error and "alfworld" in error and "taxi_pickup" in error
+
+
+def test_one_model_file_is_one_setting_whatever_path_names_it(tmp_path, monkeypatch):
+    """A relative, an absolute and a linked path to one .gguf file key the seed alike: named another way, the
+    model once made every stage of a finished seed run again (utils/model_paths.canonical_model_name)."""
+    from utils import model_paths
+
+    model = tmp_path / "models" / "m.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF")
+    (tmp_path / "link").symlink_to(model.parent)
+    seen = []
+
+    def stop(recipe, *args, **kwargs):
+        seen.append(recipe.settings(0, tmp_path / "data"))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(demo.models, "resolve_model_path", lambda name: name)
+    monkeypatch.setattr(demo, "finished_or_run", stop)
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("models/m.gguf", str(model), "./link/../models/m.gguf", str(tmp_path / "link" / "m.gguf")):
+        with pytest.raises(SystemExit):
+            demo.main(["--task", "auto_explore", "--model_name", spelling, "--ckpt_path", str(tmp_path / "out")])
+    assert len(seen) == 4 and all(settings == seen[0] for settings in seen)
+    assert f"--model_name={model.resolve()}" in seen[0]["model"] or str(model.resolve()) in json.dumps(seen[0])
+    # names that are no local path stay as given
+    assert model_paths.canonical_model_name("tiny-gpt2") == "tiny-gpt2"
+    assert model_paths.canonical_model_name("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
 
 
 @pytest.mark.slow

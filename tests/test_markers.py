@@ -113,6 +113,49 @@ def test_a_changed_key_starts_afresh_and_carries_nothing(tmp_path):
     _began_at(logs, _started(logs)["attempt"] - 1000)
     seconds = markers.once(logs, "stage", {"command": ["other"]}, lambda resume: None, folder=out)
     assert not out.exists() and "carried" not in _done(logs) and seconds < 60
+    # what the run of the other key left is set aside with its started marker, not deleted
+    aside = tmp_path / markers.SUPERSEDED
+    assert (aside / "out" / "journal.jsonl").read_text() == "{}\n"
+    assert json.loads((aside / "logs" / f"stage{markers.STARTED}").read_text())["key"] == KEY
+
+
+def test_a_finished_run_of_another_key_is_set_aside_and_the_message_says_what_changed(tmp_path, capsys):
+    logs, out = tmp_path / "logs", tmp_path / "runs" / "stage"
+    old = {"command": ["train", "--model_name=/repo/m.gguf", "--seed=0"], "reads": {"data": "a"}}
+    new = {"command": ["train", "--model_name=m.gguf", "--seed=0"], "reads": {"data": "a"}}
+
+    def work(text):
+        def write(resume):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "checkpoint.bin").write_text(text)
+        return write
+
+    markers.once(logs, "stage", old, work("first"), folder=out)
+    first = _done(logs)
+    markers.once(logs, "stage", new, work("second"), folder=out)
+    said = capsys.readouterr().out
+    assert "command[1]: --model_name=/repo/m.gguf -> --model_name=m.gguf" in said
+    aside = tmp_path / markers.SUPERSEDED
+    assert (aside / "runs" / "stage" / "checkpoint.bin").read_text() == "first"
+    assert json.loads((aside / "logs" / f"stage{markers.DONE}").read_text()) == first
+    assert (out / "checkpoint.bin").read_text() == "second" and _done(logs)["key"] == new
+    # a third key replaces the copy set aside: one generation kept, so the disk holds at most twice a stage
+    markers.once(logs, "stage", old, work("third"), folder=out)
+    assert (aside / "runs" / "stage" / "checkpoint.bin").read_text() == "second"
+    assert (out / "checkpoint.bin").read_text() == "third"
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ({"a": 1, "b": [1, 2]}, {"a": 1, "b": [1, 3]}, "b[1]: 2 -> 3"),
+    ({"a": 1}, {"a": 1, "c": "x"}, "c: (none) -> x"),
+    ({"cmd": "run --x=1 --y=2"}, {"cmd": "run --x=1 --y=3"}, "cmd[2]: --y=2 -> --y=3"),
+    (["--a", "--b"], ["--a", "--b", "--c"], "it: with --c"),
+    (["--a", "--b"], ["--b", "--a"], "[0]: --a -> --b; [1]: --b -> --a"),
+    ({"a": 1}, {"a": 1}, "no difference"),
+    ({"n": list(range(9))}, {"n": list(range(1, 10))}, "; and more"),
+])
+def test_difference_names_where_two_keys_differ(old, new, said):
+    assert said in markers.difference(old, new)
 
 
 def test_a_started_marker_from_before_attempts_were_timed_counts_from_its_writing(tmp_path):

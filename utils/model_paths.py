@@ -35,6 +35,17 @@ def resolve_model_path(model_name: str) -> str:
     return hub_model(model_name)
 
 
+def canonical_model_name(model_name: str) -> str:
+    """``model_name`` spelt one way whatever the caller's spelling: a local file or folder (a ``.gguf`` file, a
+    model folder) as its absolute path with links resolved, anything else (``tiny-gpt2``, a hub id) as given. What
+    a run is keyed by (the demo's stages, a seed's settings) names a model this way, so ``.venv/x.gguf`` and
+    ``/repo/.venv/x.gguf`` are one model, not a changed setting that trains everything again."""
+    if model_name == TINY_MODEL:
+        return model_name
+    local = Path(model_name).expanduser()
+    return str(local.resolve()) if local.exists() else model_name
+
+
 HUB_PROBE_SECONDS = 3.0  # how long the hub may take to answer before it counts as out of reach
 
 
