@@ -33,7 +33,8 @@ a changed SFT budget that SFT and what reads it, changed data settings everythin
 moves what a run of another key left (its folder, markers, a seed's ``finished.json``) to ``seed-N/superseded/``
 and says what changed in its key; one that was cut short continues with the same key, an SFT or RL stage from its
 newest whole checkpoint (``--resume_from``; ``Recipe.save_every`` makes checkpoints to resume from). A model
-file is named by its absolute path in every key, however ``--model_name`` spells it.
+file and the results folder are named by their absolute paths in every key, however ``--model_name`` and
+``--ckpt_path`` spell them.
 
 The tiny-gpt2 columns compute on the reference numerical path (utils/cpu.py), set before torch starts, so that one
 seed gives one table on any x86 CPU with AVX2 (``--native_numerics``: the CPU's own path; a pretrained model always
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         output_folders(options, "ckpt_path")  # the scripts' own check: not a file, nor under one
     except ValueError as error:
         cli.error(str(error))
-    top = Path(options.ckpt_path) / "demo"
+    top = Path(options.ckpt_path).expanduser().resolve() / "demo"  # one spelling in every key, as the model
     recipes = list(RECIPES.values()) if options.task == ALL else [RECIPES[options.task]]
     if options.profile in GPU_PROFILES:
         lacking = [recipe.name for recipe in recipes if recipe.gpu is None]

@@ -515,8 +515,9 @@ def test_a_pretrained_model_runs_the_columns_recipe_for_it(capsys, monkeypatch):
 
 
 def test_one_model_file_is_one_setting_whatever_path_names_it(tmp_path, monkeypatch):
-    """A relative, an absolute and a linked path to one .gguf file key the seed alike: named another way, the
-    model once made every stage of a finished seed run again (utils/model_paths.canonical_model_name)."""
+    """A relative, an absolute and a linked path to one .gguf file key the seed alike, and so do those to one
+    results folder: named another way, the model once made every stage of a finished seed run again
+    (utils/model_paths.canonical_model_name)."""
     from utils import model_paths
 
     model = tmp_path / "models" / "m.gguf"
@@ -525,8 +526,8 @@ def test_one_model_file_is_one_setting_whatever_path_names_it(tmp_path, monkeypa
     (tmp_path / "link").symlink_to(model.parent)
     seen = []
 
-    def stop(recipe, *args, **kwargs):
-        seen.append(recipe.settings(0, tmp_path / "data"))
+    def stop(recipe, seed, folder, *args, **kwargs):
+        seen.append(recipe.settings(seed, folder / "data"))  # what a seed is keyed by, its folder's path in it
         raise SystemExit(0)
 
     monkeypatch.setattr(demo.models, "resolve_model_path", lambda name: name)
@@ -535,7 +536,13 @@ def test_one_model_file_is_one_setting_whatever_path_names_it(tmp_path, monkeypa
     for spelling in ("models/m.gguf", str(model), "./link/../models/m.gguf", str(tmp_path / "link" / "m.gguf")):
         with pytest.raises(SystemExit):
             demo.main(["--task", "auto_explore", "--model_name", spelling, "--ckpt_path", str(tmp_path / "out")])
-    assert len(seen) == 4 and all(settings == seen[0] for settings in seen)
+    # and the results folder, named through a link or relative to the working folder, is one folder too
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out-link").symlink_to(tmp_path / "out")
+    for folder in ("out", "out-link", str(tmp_path / "out-link")):
+        with pytest.raises(SystemExit):
+            demo.main(["--task", "auto_explore", "--model_name", str(model), "--ckpt_path", folder])
+    assert len(seen) == 7 and all(settings == seen[0] for settings in seen)
     assert f"--model_name={model.resolve()}" in seen[0]["model"] or str(model.resolve()) in json.dumps(seen[0])
     # names that are no local path stay as given
     assert model_paths.canonical_model_name("tiny-gpt2") == "tiny-gpt2"
