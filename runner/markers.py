@@ -74,24 +74,29 @@ def once(logs: Path, name: str, key: dict, work: Callable[[Path | None], None], 
     short: ``work`` is given the newest whole checkpoint in ``folder`` where ``resumable`` (a script whose
     ``--resume_from`` continues its run) and there is one, else None (a journal the script keeps in ``folder``
     goes on). Any other run starts afresh in an empty ``folder``: what a run of another key made (its folder and
-    markers) is moved aside (:func:`set_aside`), never deleted, and the message says what changed in the key. The seconds of a continued run count the
-    earlier attempts' work it continues (``carried`` in the marker), not their time lost after it."""
+    markers) is moved aside (:func:`set_aside`), never deleted, and the message says what changed in the key. The
+    seconds of a continued run count the earlier attempts' work it continues (``carried`` in the marker), not their
+    time lost after it."""
     marker, started = done_marker(logs, name), logs / f"{name}{STARTED}"
+    earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
     if marker.is_file():
         done = json.loads(marker.read_text(encoding="utf-8"))
         if done.get("key") == key:
             say(f"{name}: finished by an earlier run ({done['seconds']:.0f} s), kept")
             return float(done["seconds"])
+        ours = earlier.get("key") == key  # the folder holds a run of this key, cut short: kept to continue
         say(f"{name}: finished earlier with another key ({difference(done.get('key'), key)}); it runs again, "
-            f"and what it made is moved to {set_aside(logs.parent, [marker, started, folder])}")
+            f"and what it made is moved to {set_aside(logs.parent, [marker] if ours else [marker, started, folder])}")
+        earlier = earlier if ours else {}
     resume, carried = None, 0.0
-    earlier = json.loads(started.read_text(encoding="utf-8")) if started.is_file() else {}
     if earlier.get("key") == key:
         resume = newest_checkpoint(folder) if resumable and folder is not None else None
         carried = _carried(started, earlier, _last_write(resume if resumable else folder))
     elif folder is not None and folder.exists():
-        say(f"{name}: cut short earlier with another key ({difference(earlier.get('key'), key)}); it starts "
-            f"afresh, and what that run left is moved to {set_aside(logs.parent, [started, folder])}")
+        why = f"cut short earlier with another key ({difference(earlier['key'], key)})" if "key" in earlier else \
+            "its folder holds what no started marker names"
+        say(f"{name}: {why}; it starts afresh, and what was there is moved to "
+            f"{set_aside(logs.parent, [started, folder])}")
     tic = time.time()
     write_json(started, {"key": key, "attempt": tic, "carried": carried})
     work(resume)
@@ -128,8 +133,8 @@ def set_aside(seed: Path, paths: list[Path | None]) -> Path:
     kept, so a change made by mistake (a model named by another path, a flag) loses nothing that took hours. The
     folder it moved them under."""
     aside = seed / SUPERSEDED
-    for path in (path for path in paths if path is not None and path.exists()):
-        path = path.resolve()
+    for path in (path for path in paths if path is not None and (path.exists() or path.is_symlink())):
+        path = path.parent.resolve() / path.name  # a link itself is moved, not what it points to
         target = aside / (path.relative_to(seed.resolve()) if path.is_relative_to(seed.resolve()) else path.name)
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)

@@ -171,3 +171,30 @@ def test_a_started_marker_from_before_attempts_were_timed_counts_from_its_writin
     os.utime(out / "journal.jsonl", (now - 100, now - 100))
     markers.once(logs, "stage", KEY, lambda resume: None, folder=out)
     assert _done(logs)["carried"] == pytest.approx(800)
+
+
+def test_a_cut_short_run_of_this_key_beside_a_finish_of_another_continues(tmp_path):
+    """A finish of key A, then a run of key B cut short: B continues from its checkpoint, A's marker is set aside."""
+    logs, out = tmp_path / "logs", tmp_path / "runs" / "stage"
+    other, key = {"command": ["a"]}, {"command": ["b"]}
+    logs.mkdir()
+    (logs / f"stage{markers.DONE}").write_text(json.dumps({"key": other, "token": "t", "seconds": 1.0}))
+    (logs / f"stage{markers.STARTED}").write_text(json.dumps({"key": key, "attempt": 0.0}))
+    checkpoint = out / "1_supervised_pretrain" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    complete.mark(checkpoint)
+    resumed = []
+    markers.once(logs, "stage", key, resumed.append, folder=out, resumable=True)
+    assert resumed == [checkpoint] and checkpoint.is_dir()
+    aside = tmp_path / markers.SUPERSEDED
+    assert json.loads((aside / "logs" / f"stage{markers.DONE}").read_text())["key"] == other
+    assert not (aside / "runs").exists()
+
+
+def test_a_folder_no_started_marker_names_is_set_aside(tmp_path, capsys):
+    logs, out = tmp_path / "logs", tmp_path / "runs" / "stage"
+    out.mkdir(parents=True)
+    (out / "left by hand.txt").write_text("x")
+    markers.once(logs, "stage", KEY, lambda resume: None, folder=out)
+    assert "no started marker" in capsys.readouterr().out
+    assert (tmp_path / markers.SUPERSEDED / "runs" / "stage" / "left by hand.txt").read_text() == "x"
