@@ -99,6 +99,11 @@ def test_resume_continues_the_step_count(make_args, tmp_path, capsys):
                               resume_from=str(first / "checkpoint-2"))) == 0
     second = tmp_path / "results" / "2_supervised_pretrain"
     assert sorted(p.name for p in second.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    # resumed with another interval, it saves at that one, not at the checkpoint's (trainer_state.json)
+    assert sft.main(make_args(task_file=task_file, max_steps=7, save_steps=1,
+                              resume_from=str(second / "checkpoint-4"))) == 0
+    third = tmp_path / "results" / "3_supervised_pretrain"
+    assert sorted(p.name for p in third.glob("checkpoint-*")) == ["checkpoint-5", "checkpoint-6", "checkpoint-7"]
     capsys.readouterr()
     assert sft.main(make_args(task_file=task_file, max_steps=1, save_steps=1, use_peft=False,
                               load_in_8bit=False)) == 0

@@ -52,6 +52,11 @@ class RunFiles(TrainerCallback):
     def on_train_begin(self, training_args, state, control, **kwargs):
         self.last_record = (state.global_step, 0)  # a resumed run starts at its checkpoint's step
 
+    def on_epoch_begin(self, training_args, state, control, **kwargs):
+        # a resumed run logs and saves at its own --logging_steps/--save_steps: the Trainer restores the
+        # checkpoint's from its trainer_state.json after on_train_begin, and only warns that they differ
+        state.compute_steps(training_args, state.max_steps)
+
     def on_step_end(self, training_args, state, control, **kwargs):
         self.steps_done += 1
 
