@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,10 +172,11 @@ def difference(old: Any, new: Any) -> str:
             for index, (x, y) in enumerate(zip(a, b)):
                 walk(x, y, f"{where}[{index}]")
         elif isinstance(a, list) and isinstance(b, list) and all(isinstance(x, str) for x in a + b):
-            gone, added = [x for x in a if x not in b], [x for x in b if x not in a]
+            # words counted, so that a repeated word gone or added is named (lengths differ: one side has more)
+            gone, added = Counter(a) - Counter(b), Counter(b) - Counter(a)
             found.append(f"{where or 'it'}: " + "; ".join(part for part in (
-                f"without {shown(' '.join(gone))}" if gone else "", f"with {shown(' '.join(added))}" if added else "",
-                "in another order" if not gone and not added else "") if part))
+                f"without {shown(' '.join(gone.elements()))}" if gone else "",
+                f"with {shown(' '.join(added.elements()))}" if added else "") if part))
         else:
             found.append(f"{where or 'it'}: {shown(a)} -> {shown(b)}")
 

@@ -150,6 +150,8 @@ def test_a_finished_run_of_another_key_is_set_aside_and_the_message_says_what_ch
     ({"a": 1}, {"a": 1, "c": "x"}, "c: (none) -> x"),
     ({"cmd": "run --x=1 --y=2"}, {"cmd": "run --x=1 --y=3"}, "cmd[2]: --y=2 -> --y=3"),
     (["--a", "--b"], ["--a", "--b", "--c"], "it: with --c"),
+    ("run --x x --y", "run --x --y", "it: without x"),  # a repeated word gone is named, not "another order"
+    ("run --x --y", "run --x --y --x", "it: with --x"),
     (["--a", "--b"], ["--b", "--a"], "[0]: --a -> --b; [1]: --b -> --a"),
     ({"a": 1}, {"a": 1}, "no difference"),
     ({"n": list(range(9))}, {"n": list(range(1, 10))}, "; and more"),
