@@ -4,7 +4,8 @@
 
 The loss covers only the completion: the text after the last marker — the reflection
 after the analyze marker (reflection data; an EOS is appended so the model learns to
-stop), or the choice label after the action marker (policy data). ``--reflect=True``/
+stop), or the choice label after the action marker (policy data; with ``--policy_answer=command`` the command the label
+stands for, in its words). ``--reflect=True``/
 ``False`` insists on one kind. Prompts longer than ``--max_seq_length`` lose their
 beginning. Checkpoints land in ``results/<id>_supervised_pretrain/checkpoint-N/`` with
 their ``setting.yml`` and ``role.json`` (a reflector or a policy, as the texts end);
@@ -139,10 +140,28 @@ def check_data_labels(args, tokenizer, texts: list[str]) -> None:
                      "--task_file's folder")
 
 
+def command_answers(texts: list[str], alphabet, task_file: str) -> list[str]:
+    """``--policy_answer=command``: each policy text answers with the command its label stands for
+    (:func:`rollout.commands.command_answer_text`); reflection texts as they are."""
+    from rollout.commands import command_answer_text
+
+    answered = []
+    for number, text in enumerate(texts, 1):
+        if text[:completion_start(text)].endswith(ACTION_MARKER):
+            try:
+                text = command_answer_text(text, alphabet)
+            except ValueError as error:
+                raise UsageError(f"--task_file: text {number} of {task_file}: {error}") from None
+        answered.append(text)
+    return answered
+
+
 def build_dataset(args, tokenizer, texts: list[str]):
     from datasets import Dataset
 
     check_data_labels(args, tokenizer, texts)
+    if args.policy_answer == "command":
+        texts = command_answers(texts, label_alphabet(tokenizer), args.task_file)
     examples = encode_examples(tokenizer, texts, args.max_seq_length, args.reflect)
     kept = [e for e in examples if e is not None]
     if len(kept) < len(examples):

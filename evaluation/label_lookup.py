@@ -13,7 +13,6 @@ table goes to stdout and, with ``--output_dir``, to ``label_lookup.json`` there.
 """
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -21,8 +20,9 @@ import numpy as np
 import torch
 
 from experiment_args import run_script
-from prompts import ACTION_MARKER, completion_start
+from prompts import completion_start
 from rollout import PolicyScorer
+from rollout.commands import shown_menu
 from utils import models
 from utils.errors import UsageError
 from utils.io import write_json
@@ -32,18 +32,6 @@ BUCKETS = ((1, 10), (11, 30), (31, None))  # labels shown: a Taxi or ALFWorld me
 
 
 NEAR = 2  # menu lines: a wrong pick this close to the right one is a near miss
-
-
-def shown_menu(prompt: str, alphabet: dict[str, int]) -> list[tuple[str, str]]:
-    """The (label, command) lines of the menu a policy prompt ends with: its last run of ``<label>. <command>``."""
-    lines = prompt[:prompt.rindex(ACTION_MARKER)].splitlines()  # the marker ends the menu's last line
-    found = []
-    for line in reversed(lines):
-        label = re.match(r"(\S+)\. (.*)", line)
-        if label is None or label.group(1) not in alphabet:
-            break
-        found.append((label.group(1), label.group(2)))
-    return found[::-1]
 
 
 def shown_labels(prompt: str, alphabet: dict[str, int]) -> list[str]:
@@ -135,7 +123,7 @@ def main(args) -> int:
     policy, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(args), adapter_dir=args.load_dir,
                                                         trainable=False)
     policy.eval()
-    scorer = PolicyScorer(policy, tokenizer, args.max_seq_length, temperature=1.0)
+    scorer = PolicyScorer(policy, tokenizer, args.max_seq_length, temperature=1.0, answer=args.policy_answer)
     rows = table(lookup(scorer, texts, args.per_device_eval_batch_size))
     print(markdown(rows, f"{args.load_dir or args.model_name} on {args.task_file}"), flush=True)
     if args.output_dir:

@@ -219,13 +219,34 @@ PRETRAINED_RL_FLAGS = ("--reuse_rollout_pass=false",)
 PRETRAINED_RL_SAVE_EVERY = 2  # an RL iteration takes minutes here: a run cut short loses at most two
 PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a checkpoint at most this many steps old
 PRETRAINED_FLOAT32_NOTICE = f"{FLOAT32} (docs/auto_explore.md)"
+# What the policies answer with after the action marker: "label" (the paper's) or "command", the command's words
+# scored over the menu (rollout/commands.py). Chosen on validation (docs/auto_explore.md).
+PRETRAINED_POLICY_ANSWER = "label"
 
 
-def on_pretrained(model_name: str) -> Recipe:
-    """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA."""
+def answering(answer: str) -> dict:
+    """The recipe's fields that say what its policies answer with: the label (the paper's; the column's folder
+    as it always was) or the command's words (``--policy_answer=command``, rollout/commands.py; a column of its
+    own, ``...-commands-<model>``, so that the two kinds of policy never share a stage's folder)."""
+    if answer == "label":
+        return {"sft": PRETRAINED_SFT, "policy_flags": ("--shrink_head",), "tag": "", "departures": ()}
+    flag = f"--policy_answer={answer}"
+    policies = {role: dataclasses.replace(spec, flags=(*spec.flags, flag)) if spec.file.startswith(("sft_policy", "sft.")) else spec
+                for role, spec in PRETRAINED_SFT.items()}
+    departure = ("the policy answers with the command's words, each command the menu shows scored by their "
+                 "log-probability (the paper: the label before it)", "on validation SmolLM2 did not learn to find the "
+                 "label of the command the analysis names in menus of more than 10 commands (docs/auto_explore.md)")
+    return {"sft": policies, "policy_flags": (flag,), "tag": f"{answer}s-", "departures": (departure,)}
+
+
+def on_pretrained(model_name: str, answer: str = PRETRAINED_POLICY_ANSWER) -> Recipe:
+    """This column on the pretrained ``model_name`` (hub id, folder or .gguf file), trained with LoRA, its policies
+    answering with ``answer`` (:func:`answering`)."""
+    answers = answering(answer)
     return dataclasses.replace(
-        RECIPE, name=f"{RECIPE.name}-{Path(model_name).name}", title=f"{RECIPE.title} (LoRA)",
-        model=lora_model(model_name, PRETRAINED_ATTENTION), sft=PRETRAINED_SFT, sft_flags=PRETRAINED_SFT_FLAGS,
+        RECIPE, name=f"{RECIPE.name}-{answers['tag']}{Path(model_name).name}", title=f"{RECIPE.title} (LoRA)",
+        model=lora_model(model_name, PRETRAINED_ATTENTION), sft=answers["sft"], sft_flags=PRETRAINED_SFT_FLAGS,
+        policy_flags=answers["policy_flags"],
         sft_streams=PRETRAINED_SFT_STREAMS, rl=gpu.iterations(RL, PRETRAINED_RL_ITERATIONS),
         rl_streams=PRETRAINED_RL_STREAMS, overlap=True, budget=PRETRAINED_BUDGET, pretrained=None,
         rl_flags=lambda recipe, data_dir: [*rl_flags(recipe, data_dir), *PRETRAINED_RL_FLAGS],
@@ -235,6 +256,7 @@ def on_pretrained(model_name: str) -> Recipe:
             "--eval_level_episodes=0")},
         notice=PRETRAINED_FLOAT32_NOTICE if in_float32() else None,
         departures=(
+            *answers["departures"],
             (f"SFT of {PRETRAINED_POLICY_STEPS} (policies) and {PRETRAINED_REFLECTOR_STEPS} steps (reflectors) of 8 "
              f"texts, {PRETRAINED_RL_ITERATIONS} RL iterations of {BUDGET['rl_batch']} episodes (the paper: more)",
              "a seed of about 2.5 hours on 2 CPU cores (docs/auto_explore.md: each stage's cost); both chosen on "
@@ -270,7 +292,7 @@ def on_gpu_profile(model_name: str) -> Recipe:
     return gpu.on_gpu(
         RECIPE, model_name, task=cpu.task, sft=cpu.sft, rl=gpu.iterations(RL, GPU_RL_ITERATIONS),
         budget={**PRETRAINED_BUDGET, **GPU_BUDGET}, sft_flags=cpu.sft_flags, save_every=cpu.save_every,
-        rl_save_every=cpu.rl_save_every,
+        rl_save_every=cpu.rl_save_every, policy_flags=cpu.policy_flags,
         model_flags=(PRETRAINED_ATTENTION,), departures=(
             (f"{GPU_RL_ITERATIONS} RL iterations of {GPU_BUDGET['rl_batch']} episodes (the CPU recipe: "
              f"{PRETRAINED_RL_ITERATIONS} of {BUDGET['rl_batch']})", "the same RL episodes in a GPU's batches"),

@@ -121,6 +121,10 @@ class Recipe:
     sft_flags: tuple[str, ...] = ("--per_device_train_batch_size=16", "--logging_steps=50")
     extra: dict[str, Any] = field(default_factory=dict)  # the recipe's own numbers (its data budget, ...)
     rl_flags: Callable[["Recipe", Path], list[str]] = _no_flags  # RL's flags given the data folder (task files)
+    # The flags of every stage that plays the policy (RL and evaluation; the policies' SFT take theirs in their
+    # roles' ``flags``): the label head by default, or the command answers (--policy_answer=command), which need
+    # the full head.
+    policy_flags: tuple[str, ...] = ("--shrink_head",)
     figures: tuple[CurveFigure, ...] = ()  # validation curves beside rl_curves.png
     # The same column on a pretrained model (``demo.py --model_name``): the recipe for it, given the model's
     # name (None: the column has no recipe for a pretrained model yet).

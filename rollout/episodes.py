@@ -39,6 +39,7 @@ from rollout.policy import Choice, PolicyMemo, PolicyScorer, _device, entropy_of
 from rollout.records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
 from rollout.reflector import ReflectionMemo, ReflectorGeneration
 from utils import log_filters, models
+from utils.errors import UsageError
 from utils.checkpoint_checks import CheckSettings, check_checkpoint
 from utils.checkpoints import POLICY, REFLECTOR
 from utils.kv_cache import PrefixKV
@@ -55,8 +56,10 @@ class TwoPlayerRollout(ReflectorGeneration):
                  mask_invalid: bool = True, reflection_memo: bool = True, prefix_cache: bool = True,
                  policy_memo: bool = False,
                  static_cache: bool = False, argmax_top1: bool = True, draft_tokens: int = 0,
-                 packed_weights: bool = False):
-        self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature)
+                 packed_weights: bool = False, policy_answer: str = "label"):
+        if policy_answer == "command" and not mask_invalid:
+            raise UsageError("--policy_answer=command scores the commands a menu shows: it needs --mask_invalid")
+        self.scorer = PolicyScorer(policy, tokenizer, max_seq_length, temperature, answer=policy_answer)
         self.reflector = reflector
         self.reflect_tokenizer = reflect_tokenizer or tokenizer
         self.reflect_prob = reflect_prob if reflector is not None else 0.0
@@ -131,7 +134,7 @@ class TwoPlayerRollout(ReflectorGeneration):
                    reflect_one_line=args.reflect_one_line, mask_invalid=args.mask_invalid,
                    reflection_memo=args.reflection_memo, prefix_cache=args.prefix_cache, policy_memo=args.policy_memo,
                    static_cache=args.static_cache, argmax_top1=args.argmax_top1, draft_tokens=args.draft_tokens,
-                   packed_weights=args.packed_weights)
+                   packed_weights=args.packed_weights, policy_answer=args.policy_answer)
 
     # --- the policy player (the reflector's: rollout.reflector.ReflectorGeneration) --------
 

@@ -10,8 +10,10 @@ from typing import NamedTuple
 import torch
 
 from prompts import label_alphabet, label_token_ids
+from rollout.commands import ANSWER_END, command_scores, shown_menu
 from rollout.records import Decision
 from utils import lm_head
+from utils.errors import UsageError
 from utils.kv_cache import PrefixKV, WeightsMemo, WeightsWatch
 
 
@@ -105,11 +107,18 @@ class PolicyScorer:
     """Log-probabilities of the choice labels after policy prompts (with or without gradient).
 
     The labels are the tokenizer's alphabet (:func:`prompts.label_alphabet`); ``label_index``
-    maps a label to its column.
+    maps a label to its column. ``answer``: what the policy writes after the action marker, the label (the
+    paper's) or the command the label stands for (``--policy_answer=command``, :mod:`rollout.commands`); either
+    way the result is a distribution over the labels shown.
     """
 
-    def __init__(self, policy, tokenizer, max_seq_length: int, temperature: float):
-        self.policy, self.tokenizer = policy, tokenizer
+    def __init__(self, policy, tokenizer, max_seq_length: int, temperature: float, answer: str = "label"):
+        if answer not in ("label", "command"):
+            raise UsageError(f"--policy_answer: {answer!r} is neither 'label' nor 'command'")
+        if answer == "command" and lm_head.label_head(policy) is not None:
+            raise UsageError("--policy_answer=command scores the commands' words with the full LM head: "
+                             "drop --shrink_head")
+        self.policy, self.tokenizer, self.answer = policy, tokenizer, answer
         self.max_seq_length, self.temperature = max_seq_length, temperature
         self.labels = label_alphabet(tokenizer)
         self.label_index = {label: i for i, label in enumerate(self.labels)}
@@ -120,6 +129,8 @@ class PolicyScorer:
                  prefix: PrefixKV | None = None) -> LabelScores:
         """Label log-probabilities after each prompt, only ``valid[i]`` allowed for prompt i; the prompts'
         shared prefix read once through ``prefix`` where given (no gradient: the rollout's choices)."""
+        if self.answer == "command":
+            return self._command_logprobs(prompts, valid, with_hidden)
         ids, truncated = cut_left(self.tokenizer, prompts, self.max_seq_length)
         device = _device(self.policy)
         prepared = prefix.prepare(ids, self.tokenizer.pad_token_id, device) if prefix is not None else None
@@ -140,6 +151,30 @@ class PolicyScorer:
             mask[row, indices] = True
         logp = torch.log_softmax((logits / self.temperature).masked_fill(~mask, float("-inf")), dim=-1)
         hidden = out.hidden_states[-1][:, -1, :].float() if with_hidden else None
+        return LabelScores(logp, hidden, truncated, tokens)
+
+    def _command_logprobs(self, prompts: list[str], valid: list[list[int]], with_hidden: bool) -> LabelScores:
+        """:meth:`logprobs` where the policy answers with the command's words: each valid label's command scored
+        after its prompt (:func:`rollout.commands.command_scores`, one pass reading each prompt once)."""
+        commands = []
+        for prompt, indices in zip(prompts, valid):
+            menu = dict(shown_menu(prompt, self.label_index))
+            missing = [self.labels[i] for i in indices if self.labels[i] not in menu]
+            if missing:
+                raise ValueError(f"labels {missing[:5]} are valid but the prompt's menu does not show them")
+            commands.append([menu[self.labels[i]] + ANSWER_END for i in indices])
+        flat = [command for row in commands for command in row]
+        encoded = iter(self.tokenizer(flat, add_special_tokens=False)["input_ids"]) if flat else iter(())
+        candidates = [[next(encoded) for _ in row] for row in commands]
+        room = self.max_seq_length - max((len(c) for row in candidates for c in row), default=0)
+        ids, truncated = cut_left(self.tokenizer, prompts, max(room, 1))
+        scores, hidden = command_scores(self.policy, ids, candidates, self.tokenizer.pad_token_id, with_hidden)
+        device = scores[0].device if scores else _device(self.policy)
+        table = torch.full((len(prompts), len(self.labels)), float("-inf"), device=device)
+        rows = [table[row].index_put((torch.tensor(indices, device=device),), score)
+                for row, (indices, score) in enumerate(zip(valid, scores))]
+        logp = torch.log_softmax(torch.stack(rows) / self.temperature, dim=-1)
+        tokens = sum(map(len, ids)) + sum(len(c) for row in candidates for c in row)
         return LabelScores(logp, hidden, truncated, tokens)
 
 

@@ -95,7 +95,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
             sft_logs / f"sft-{role}.log", output=sft_runs / f"sft-{role}",
             files=(data / spec.file, *[path for path in (data / LABEL_FILE,) if path.is_file()]))
 
-    rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", "--shrink_head",
+    rl_common = [*model, *recipe.task, *recipe.rl_flags(recipe, data), f"--seed={seed}", *recipe.policy_flags,
                  f"--per_device_eval_batch_size={budget['rl_batch']}",
                  f"--per_device_train_batch_size={budget['rl_train_batch']}",
                  f"--learning_rate={budget['rl_learning_rate']}", f"--baseline={budget['rl_baseline']}",
@@ -266,7 +266,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
 def evaluation_argv(recipe: Recipe, evaluation: Evaluation, data: Path) -> list[str]:
     """The flags ``evaluation`` is played with (the same episodes and sampling for every row and seed)."""
     budget = recipe.budget
-    return [*recipe.model, *recipe.task, f"--seed={budget['eval_seed']}", "--shrink_head",
+    return [*recipe.model, *recipe.task, f"--seed={budget['eval_seed']}", *recipe.policy_flags,
             f"--eval_reps={budget['eval_episodes']}", f"--per_device_eval_batch_size={budget['eval_batch']}",
             f"--eval_level_episodes={budget.get('eval_level_episodes', 0)}", f"--top_k={budget['reflect_top_k']}",
             *evaluation.flags(data)]

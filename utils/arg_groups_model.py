@@ -87,10 +87,16 @@ class ModelArguments(_Group):
         "(rows copied from the model's head, frozen).")
     max_seq_length: int = _arg(
         1024, "Longest prompt in tokens; longer prompts are cut from the left.")
+    policy_answer: Literal["label", "command"] = _arg(
+        "label", "What the policy writes after the action marker: the label of its choice (the paper's) or the "
+        "command that label stands for, scored word by word over the commands the menu shows (rollout/commands.py; "
+        "SFT trains on the command's words). In SFT, RL, evaluation and label lookups alike.")
 
     def __post_init__(self) -> None:
         need(not (self.load_in_8bit and self.load_in_4bit), "load_in_4bit", "cannot be combined with --load_in_8bit")
         need(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
+        need(not (self.shrink_head and self.policy_answer == "command"), "shrink_head",
+             "cannot be combined with --policy_answer=command (its commands' words need the full LM head)")
         _at_least(self, 1, "peft_lora_r")
         _at_least(self, 16, "max_seq_length")
         _positive(self, "peft_lora_alpha")

@@ -59,6 +59,7 @@ class CheckSettings:
     easy: bool = _read(WARN)
     auto_explore_view_tokens: int = _read(WARN)
     alfworld_history_steps: int = _read(WARN)
+    policy_answer: str = "label"  # what a policy checkpoint writes after the marker: compared for SFT and RL alike
 
     @classmethod
     def from_args(cls, args) -> "CheckSettings":
@@ -121,6 +122,10 @@ def checkpoint_problems(settings: CheckSettings, directory: str | Path, player: 
     except UsageError as error:
         errors.append(f"does not fit: {error}")
     saved = settings_or_none(path) or {}
+    answer = saved.get("policy_answer", "label")  # checkpoints from before the flag answer with labels
+    if role is not None and player != REFLECTOR and answer != settings.policy_answer:
+        errors.append(f"was trained to answer with the {answer} (--policy_answer={answer}), and this run reads "
+                      f"its answers as the {settings.policy_answer}s")
     if saved.get("model_name", model) != model:
         warnings.append(f"was trained on --model_name={saved['model_name']!r}, and is loaded here on {model!r}")
     if role is not None and role.stage == RL:

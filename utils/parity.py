@@ -162,6 +162,12 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation("invalid label", "never masked: any label may be chosen, one not shown is a wasted step",
               "the policy chooses among the labels shown", "a label outside the list teaches nothing and wastes "
               "samples; API models, which cannot be masked, pay a wasted step", "mask_invalid", False),
+    Deviation("the policy's answer", "the label of its choice, one token after the action marker",
+              "`--policy_answer command`: the command's words, each command the menu shows scored by their "
+              "log-probability, one pass reading the prompt once (`rollout/commands.py`)",
+              "SmolLM2-135M did not learn to find, in menus of more than 10 commands, the label of the command "
+              "the analysis names (6-13% of validation texts after 60 SFT steps); a command's words copy the "
+              "name the analysis wrote (`docs/auto_explore.md`)", "policy_answer", "label", status=PAPER),
     Deviation("GPT baselines", "two turns per step: reflect, then act, with the episode's history",
               "the same by default; `one_turn` answers each observation alone",
               "one turn is cheaper and isolates the model's reading of a single state", "gpt_protocol", "two_turn", status=PAPER),
