@@ -221,7 +221,7 @@ PRETRAINED_SAVE_EVERY = 50  # a stage cut short (a session's end) resumes from a
 PRETRAINED_FLOAT32_NOTICE = f"{FLOAT32} (docs/auto_explore.md)"
 # What the policies answer with after the action marker: "label" (the paper's) or "command", the command's words
 # scored over the menu (rollout/commands.py). Chosen on validation (docs/auto_explore.md).
-PRETRAINED_POLICY_ANSWER = "label"
+PRETRAINED_POLICY_ANSWER = "command"
 
 
 def answering(answer: str) -> dict:
