@@ -96,12 +96,11 @@ def command_scores(model, prompts: list[list[int]], candidates: list[list[list[i
     tokens = torch.tensor([p[2] for p in picks], device=device)
     logits = model.get_output_embeddings()(last[rows, reads]).float()
     token_logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    scores = [torch.zeros(len(cands), device=device, dtype=torch.float32) for cands in candidates]
-    owner = [(p[0], p[3]) for p in picks]
-    for row, cands in enumerate(candidates):
-        index = torch.tensor([i for i, (r, _) in enumerate(owner) if r == row], device=device, dtype=torch.long)
-        which = torch.tensor([c for r, c in owner if r == row], device=device, dtype=torch.long)
-        scores[row] = scores[row].index_add(0, which, token_logp[index])
+    sizes = [len(cands) for cands in candidates]
+    first = [sum(sizes[:row]) for row in range(len(sizes))]  # each row's first candidate among all rows'
+    owner = torch.tensor([first[p[0]] + p[3] for p in picks], device=device)
+    total = torch.zeros(sum(sizes), device=device, dtype=torch.float32).index_add(0, owner, token_logp)
+    scores = list(total.split(sizes))
     hidden = None
     if with_hidden:
         ends = torch.tensor([input_ids.shape[1] - sum(map(len, cands)) - 1 for cands in candidates], device=device)

@@ -39,9 +39,9 @@ from rollout.policy import Choice, PolicyMemo, PolicyScorer, _device, entropy_of
 from rollout.records import Decision, Episode, EpisodeStart, RolloutStats, _clocked, state_digest
 from rollout.reflector import ReflectionMemo, ReflectorGeneration
 from utils import log_filters, models
-from utils.errors import UsageError
 from utils.checkpoint_checks import CheckSettings, check_checkpoint
 from utils.checkpoints import POLICY, REFLECTOR
+from utils.errors import UsageError
 from utils.kv_cache import PrefixKV
 from utils.packed_weights import PackedWeights
 from utils.packed_weights import available as packed_weights_available
