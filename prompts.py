@@ -203,6 +203,30 @@ def label_token_ids(tokenizer, labels=None) -> list[int]:
     return ids
 
 
+# --- the menu an observation ends with: one ``<label>. <command>`` line per action ---------------
+
+MENU_LINE = re.compile(r"^([^.\s]+)\. (.*)$", re.M)  # a label (no dot, no space), a dot and a space, the command
+
+
+def menu_line(label: str, command: str) -> str:
+    """One line of a menu (envs/base.py renders every observation's actions with it)."""
+    return f"{label}. {command}\n"
+
+
+def shown_menu(text: str, alphabet) -> list[tuple[str, str]]:
+    """The (label, command) lines of the menu ``text`` ends with: its last run of :func:`menu_line` lines with
+    labels of ``alphabet``. ``text`` is an observation, or a policy prompt (the menu ends at its action marker)."""
+    if ACTION_MARKER in text:
+        text = text[:text.rindex(ACTION_MARKER)]  # in the paper's layout the marker ends the menu's last line
+    found = []
+    for line in reversed(text.splitlines()):
+        entry = MENU_LINE.fullmatch(line)
+        if entry is None or entry.group(1) not in alphabet:
+            break
+        found.append((entry.group(1), entry.group(2)))
+    return found[::-1]
+
+
 def relabel(obs: str, action_head: str, labels) -> str:
     """``obs`` (rendered with the paper's :data:`LABELS`) with each listed action's label
     replaced by the one at the same position of ``labels``."""
@@ -212,13 +236,13 @@ def relabel(obs: str, action_head: str, labels) -> str:
     before, after = split_observation(obs, action_head)
     mapping = dict(zip(LABELS, labels))
 
-    def swap(match: re.Match) -> str:
-        if match.group(1) not in mapping:
-            raise ValueError(f"action line {match.group(0)!r} has no label of the paper's alphabet")
-        return mapping[match.group(1)] + match.group(2)
+    def swap(entry: re.Match) -> str:
+        if entry.group(1) not in mapping:
+            raise ValueError(f"action line {entry.group(0)!r} has no label of the paper's alphabet")
+        return menu_line(mapping[entry.group(1)], entry.group(2)).rstrip("\n")
 
     head, _, listing = after.partition("\n")
-    return before + head + "\n" + re.sub(r"^([^.\n]+)(\. )", swap, listing, flags=re.M)
+    return before + head + "\n" + MENU_LINE.sub(swap, listing)
 
 
 def relabel_label(label: str, labels) -> str:

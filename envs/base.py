@@ -37,7 +37,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from prompts import LABELS, TEXT_LAYOUTS
+from prompts import LABELS, TEXT_LAYOUTS, menu_line
 
 MAX_OBS_CHARS = 1_000_000
 
@@ -271,7 +271,7 @@ class TextEnv(gymnasium.Env):
         shown = zip(self._labels, self._actions)
         if self.shuffle_within_shown:
             shown = sorted(shown, key=lambda pair: self.label_set.index(pair[0]))
-        listing = "".join(f"{label}. {action}\n" for label, action in shown)
+        listing = "".join(menu_line(label, action) for label, action in shown)
         self._obs = f"{self._state_text()}{self.action_head}\n{listing}"
         return self._obs
 

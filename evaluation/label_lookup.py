@@ -20,9 +20,8 @@ import numpy as np
 import torch
 
 from experiment_args import run_script
-from prompts import completion_start
+from prompts import completion_start, shown_menu
 from rollout import PolicyScorer
-from rollout.commands import shown_menu
 from utils import models
 from utils.errors import UsageError
 from utils.io import write_json

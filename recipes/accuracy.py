@@ -1,7 +1,6 @@
 """The reflector's accuracy, for any recipe whose oracle writer's reflections name a move: how often the
 SFT reflector, reading held-out (or validation) states, advises the move the environment's oracle would make."""
 
-import re
 from collections.abc import Callable
 
 import numpy as np
@@ -9,6 +8,7 @@ import numpy as np
 from envs import EnvSettings, env_kwargs, make_env
 from evaluation.episodes import test_episodes, validation_episodes
 from evaluation.evaluate import evaluate_config
+from prompts import shown_menu
 from utils import models
 
 # The episodes a reflector can be judged on: the held-out ones (the runner's report) or the validation ones
@@ -40,8 +40,8 @@ def reflector_accuracy(advised_command: Callable[[str | None], str | None]) -> C
             for step, decision in enumerate(episode.decisions):
                 if decision.oracle is None:
                     continue  # the oracle has no move among the offered actions
-                shown = re.search(rf"^{re.escape(labels[decision.oracle])}\. (.+)$", decision.obs, re.M)
-                ok = shown is not None and advised_command(decision.reflection) == shown.group(1)
+                shown = dict(shown_menu(decision.obs, labels)).get(labels[decision.oracle])
+                ok = shown is not None and advised_command(decision.reflection) == shown
                 right.setdefault(step, []).append(ok)
                 throughout[-1] &= ok
         every = [ok for oks in right.values() for ok in oks]

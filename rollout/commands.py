@@ -13,27 +13,11 @@ right after the prompt. A candidate's score is the sum of its tokens' log-probab
 reading ``prompt + command`` for each command apart (``tests/test_commands.py``).
 """
 
-import re
-
 import torch
 
-from prompts import ACTION_MARKER
+from prompts import ACTION_MARKER, shown_menu
 
 ANSWER_END = "\n"  # ends a command answer, so that a command is not scored as the start of a longer one
-MENU_LINE = re.compile(r"(\S+)\. (.*)")  # how envs/base.py lists an action: "<label>. <command>"
-
-
-def shown_menu(prompt: str, alphabet) -> list[tuple[str, str]]:
-    """The (label, command) lines of the menu a policy prompt ends with: its last run of ``<label>. <command>``
-    lines (labels of ``alphabet``) before the action marker."""
-    lines = prompt[:prompt.rindex(ACTION_MARKER)].splitlines()  # the marker ends the menu's last line
-    found = []
-    for line in reversed(lines):
-        label = MENU_LINE.match(line)
-        if label is None or label.group(1) not in alphabet:
-            break
-        found.append((label.group(1), label.group(2)))
-    return found[::-1]
 
 
 def command_answer_text(text: str, alphabet) -> str:

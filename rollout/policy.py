@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 import torch
 
-from prompts import label_alphabet, label_token_ids
-from rollout.commands import ANSWER_END, command_scores, shown_menu
+from prompts import label_alphabet, label_token_ids, shown_menu
+from rollout.commands import ANSWER_END, command_scores
 from rollout.records import Decision
 from utils import lm_head
 from utils.errors import UsageError

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from envs import make_env
-from prompts import ACTION_MARKER, label_alphabet, policy_prompt, policy_sft_text
+from prompts import ACTION_MARKER, label_alphabet, policy_prompt, policy_sft_text, shown_menu
 from rollout import EpisodeStart, PolicyScorer, TwoPlayerRollout
-from rollout.commands import ANSWER_END, command_answer_text, command_scores, shown_menu
+from rollout.commands import ANSWER_END, command_answer_text, command_scores
 from utils import complete, models
 from utils.checkpoint_checks import CheckSettings, checkpoint_problems
 from utils.errors import UsageError

@@ -6,12 +6,15 @@ from prompts import (
     ACTION_MARKER,
     ANALYZE_MARKER,
     LABELS,
+    MENU_LINE,
     clean_reflection,
     completion_start,
+    menu_line,
     policy_prompt,
     policy_sft_text,
     reflection_prompt,
     reflection_sft_text,
+    shown_menu,
     split_observation,
 )
 
@@ -30,6 +33,20 @@ def test_split_at_the_action_head():
     assert before == "--- Current State ---\ngrid\n" and after.startswith(HEAD) and before + after == OBS
     with pytest.raises(ValueError, match="action head"):
         split_observation("no list here", HEAD)
+
+
+def test_the_menu_is_read_back_from_where_it_ends():
+    """One format for a menu line, written by the environments and read back by the command answers, the
+    relabelling and the reflector's accuracy: only the menu the text ends with, not list-like lines above it."""
+    listed = "".join(menu_line(label, command) for label, command in [("0", "cat a. b.py"), ("1", "cd ..")])
+    obs = f"--- Current State ---\n1. a numbered line of the state\n{HEAD}\n{listed}"
+    expected = [("0", "cat a. b.py"), ("1", "cd ..")]
+    assert shown_menu(obs, LABELS) == expected
+    assert shown_menu(policy_prompt(obs, HEAD, "Read b."), LABELS) == expected
+    assert shown_menu(policy_prompt(obs, HEAD, "Read b.", "Think. ", "paper") + "cd ..\n", LABELS) == expected
+    assert shown_menu(obs, ("1",)) == [("1", "cd ..")]  # a label outside the alphabet ends the menu
+    assert shown_menu("no menu\n", LABELS) == []
+    assert MENU_LINE.fullmatch("a b. c") is None and MENU_LINE.fullmatch("ab. c").groups() == ("ab", "c")
 
 
 def test_prompt_shapes():
