@@ -16,6 +16,7 @@ reading ``prompt + command`` for each command apart (``tests/test_commands.py``)
 import torch
 
 from prompts import ACTION_MARKER, shown_menu
+from utils.models import activation_dtype
 
 ANSWER_END = "\n"  # ends a command answer, so that a command is not scored as the start of a longer one
 
@@ -69,9 +70,7 @@ def command_scores(model, prompts: list[list[int]], candidates: list[list[list[i
     """Per prompt, the summed log-probability of each of its candidates' tokens after it (with the model's graph
     when gradients are on); with ``with_hidden``, each prompt's last hidden state too (batch, hidden)."""
     device = next(model.parameters()).device
-    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-    dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
-    input_ids, mask, positions, picks = tree_batch(prompts, candidates, pad_id, dtype)
+    input_ids, mask, positions, picks = tree_batch(prompts, candidates, pad_id, activation_dtype(model))
     out = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                 output_hidden_states=True, logits_to_keep=1)
     last = out.hidden_states[-1]  # after the final norm: what the head reads

@@ -56,6 +56,28 @@ def test_each_command_scores_as_if_read_alone_after_its_prompt(policy):
     torch.testing.assert_close(hidden[1], alone, atol=1e-4, rtol=1e-4)
 
 
+def test_the_mask_takes_the_dtype_the_model_computes_in_not_its_first_parameters(tiny_path):
+    """A bfloat16 model whose first parameter is float32 (as a float32 adapter weight can be): the attention mask
+    is built in bfloat16, the dtype its hidden states flow in, and the scores are those of reading alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    model.register_parameter("probe", torch.nn.Parameter(torch.zeros(1)))  # parameters() yields it first
+    assert next(model.parameters()).dtype == torch.float32 and models.activation_dtype(model) == torch.bfloat16
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    prompt = tokenizer("Read it.\n # Action:\n", add_special_tokens=False)["input_ids"]
+    cands = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in ("cat a.py\n", "cd ..\n")]
+    seen = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["attention_mask"].dtype),
+                                           with_kwargs=True)
+    with torch.no_grad():
+        (scores,), _ = command_scores(model, [prompt], [cands], tokenizer.eos_token_id)
+    hook.remove()
+    assert seen == [torch.bfloat16]  # not a float32 mask that the attention casts at every layer
+    torch.testing.assert_close(scores, torch.tensor([_alone(model, prompt, c) for c in cands]), atol=0.1, rtol=0.02)
+
+
 def _taxi_state(seed=3):
     env = make_env("taxi", shuffle_action=True)
     obs, info = env.reset(seed=seed)

@@ -81,6 +81,12 @@ def compute_dtype(settings: ModelSettings) -> torch.dtype:
     return torch.float32
 
 
+def activation_dtype(model) -> torch.dtype:
+    """The dtype a loaded model's hidden states flow in (its :func:`compute_dtype`): its input embeddings'. Not its
+    first parameter's, which can be a float32 adapter weight beside a bfloat16 base (peft keeps LoRA in float32)."""
+    return model.get_input_embeddings().weight.dtype
+
+
 def say_compute(dtype: torch.dtype) -> None:
     """The line a command that loads a model starts with, once per process: its device and dtype, and on a CPU the
     capabilities that decide its speed (utils/cpu.py), with the cost of bfloat16 where the CPU emulates it."""
