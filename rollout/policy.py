@@ -13,6 +13,7 @@ from prompts import label_alphabet, label_token_ids, shown_menu
 from rollout.commands import ANSWER_END, command_scores
 from rollout.records import Decision
 from utils import lm_head
+from utils.arg_groups_model import LABEL_HEAD_WITH_COMMANDS
 from utils.errors import UsageError
 from utils.kv_cache import PrefixKV, WeightsMemo, WeightsWatch
 
@@ -116,8 +117,7 @@ class PolicyScorer:
         if answer not in ("label", "command"):
             raise UsageError(f"--policy_answer: {answer!r} is neither 'label' nor 'command'")
         if answer == "command" and lm_head.label_head(policy) is not None:
-            raise UsageError("--policy_answer=command scores the commands' words with the full LM head: "
-                             "drop --shrink_head")
+            raise UsageError(f"--shrink_head (the policy has the label head): {LABEL_HEAD_WITH_COMMANDS}")
         self.policy, self.tokenizer, self.answer = policy, tokenizer, answer
         self.max_seq_length, self.temperature = max_seq_length, temperature
         self.labels = label_alphabet(tokenizer)

@@ -164,10 +164,19 @@ def test_a_policy_of_one_answer_is_not_read_as_the_other(tmp_path):
 
 
 def test_the_label_head_and_command_answers_do_not_mix():
+    """Refused by the flags, and by the scorer handed a model with the label head: one reason, worded once."""
     from experiment_args import ScriptArguments
+    from utils import lm_head
+    from utils.arg_groups_model import LABEL_HEAD_WITH_COMMANDS
 
-    with pytest.raises(ValueError, match="shrink_head"):
+    with pytest.raises(ValueError) as flags:
         ScriptArguments(**EXACT, shrink_head=True, policy_answer="command")
+    assert str(flags.value) == f"--shrink_head: {LABEL_HEAD_WITH_COMMANDS}"
+    model, tokenizer = models.load_model_and_tokenizer(models.ModelSettings.from_args(ScriptArguments(**EXACT)))
+    lm_head.shrink_lm_head(model, [0, 1, 2])
+    with pytest.raises(UsageError) as scorer:
+        PolicyScorer(model, tokenizer, 64, 1.0, answer="command")
+    assert str(scorer.value).startswith("--shrink_head") and str(scorer.value).endswith(LABEL_HEAD_WITH_COMMANDS)
 
 
 @pytest.mark.parametrize("baseline", ["mean", "critic"])  # the critic reads the prompts' last hidden states

@@ -17,6 +17,11 @@ from utils.arg_fields import (
     need,
 )
 
+# why a policy with the label head (--shrink_head) cannot answer with commands: said by the flags' check and by
+# rollout.PolicyScorer, handed a model that has one
+LABEL_HEAD_WITH_COMMANDS = ("cannot be combined with --policy_answer=command: the commands' words are scored with "
+                            "the full LM head")
+
 
 @dataclass
 class ModelArguments(_Group):
@@ -95,8 +100,7 @@ class ModelArguments(_Group):
     def __post_init__(self) -> None:
         need(not (self.load_in_8bit and self.load_in_4bit), "load_in_4bit", "cannot be combined with --load_in_8bit")
         need(not (self.bf16 and self.fp16), "fp16", "cannot be combined with --bf16")
-        need(not (self.shrink_head and self.policy_answer == "command"), "shrink_head",
-             "cannot be combined with --policy_answer=command (its commands' words need the full LM head)")
+        need(not (self.shrink_head and self.policy_answer == "command"), "shrink_head", LABEL_HEAD_WITH_COMMANDS)
         _at_least(self, 1, "peft_lora_r")
         _at_least(self, 16, "max_seq_length")
         _positive(self, "peft_lora_alpha")
