@@ -54,6 +54,7 @@ from recipes.base import (
     paper_rows,
 )
 from recipes.pretrained import FLOAT32, in_float32, lora_model
+from utils.checkpoints import POLICY
 
 TASK_SEED = 0  # the benchmark (repositories, tasks, their split) is the same for every training seed: one
 # evaluation set for all seeds; the training seed draws the trajectories (their wrong turns), SFT and RL
@@ -227,11 +228,13 @@ PRETRAINED_POLICY_ANSWER = "command"
 def answering(answer: str) -> dict:
     """The recipe's fields that say what its policies answer with: the label (the paper's; the column's folder
     as it always was) or the command's words (``--policy_answer=command``, rollout/commands.py; a column of its
-    own, ``...-commands-<model>``, so that the two kinds of policy never share a stage's folder)."""
+    own, ``...-commands-<model>``, so that the two kinds of policy never share a stage's folder). The flag goes to
+    the SFT of each role the rows and RL variants read as a policy (:attr:`Recipe.players`)."""
     if answer == "label":
         return {"sft": PRETRAINED_SFT, "policy_flags": ("--shrink_head",), "tag": "", "departures": ()}
     flag = f"--policy_answer={answer}"
-    policies = {role: dataclasses.replace(spec, flags=(*spec.flags, flag)) if spec.file.startswith(("sft_policy", "sft.")) else spec
+    players = dataclasses.replace(RECIPE, sft=PRETRAINED_SFT).players
+    policies = {role: dataclasses.replace(spec, flags=(*spec.flags, flag)) if players[role] == POLICY else spec
                 for role, spec in PRETRAINED_SFT.items()}
     departure = ("the policy answers with the command's words, each command the menu shows scored by their "
                  "log-probability (the paper: the label before it)", "on validation SmolLM2 did not learn to find the "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.arg_groups import DEFAULT_TRAINER
+from utils.checkpoints import POLICY, REFLECTOR
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,23 @@ class Recipe:
             known = row.sft_role in self.sft or row.rl_variant in self.rl  # neither for an unknown kind
             if not known or (row.reflector is not None and row.reflector not in self.sft):
                 raise ValueError(f"recipe {self.name}: row {row.name!r} names an unknown model")
+        _ = self.players  # refuses a role read as both parts, or by nothing
+
+    @property
+    def players(self) -> dict[str, str]:
+        """Each SFT role's part, :data:`POLICY` or :data:`REFLECTOR`: what the rows and RL variants read it as
+        (a role read as both, or by nothing, is refused)."""
+        parts: dict[str, set[str]] = {role: set() for role in self.sft}
+        for policy, reflector in [(row.sft_role, row.reflector) for row in self.rows] + [
+                (variant.policy, variant.reflector) for variant in self.rl.values()]:
+            for role, part in ((policy, POLICY), (reflector, REFLECTOR)):
+                if role is not None:
+                    parts[role].add(part)
+        for role, found in parts.items():
+            if len(found) != 1:
+                raise ValueError(f"recipe {self.name}: SFT role {role!r} is read as "
+                                 f"{' and as '.join(sorted(found)) or 'nothing'} by its rows and RL variants")
+        return {role: found.pop() for role, found in parts.items()}
 
     @property
     def model_name(self) -> str:

@@ -165,6 +165,30 @@ def test_a_row_naming_a_model_the_recipe_does_not_make_is_refused(policy, reflec
         dataclasses.replace(recipe, rows=rows)
 
 
+def test_each_sft_role_plays_the_part_its_rows_and_rl_variants_read_it_as():
+    """A role's part comes from what reads it, not from its name or file: the command answers' flag goes to the
+    policies' SFT only, whatever their files are called; a role read as both parts, or by nothing, is refused."""
+    from recipes import auto_explore
+
+    for recipe in RECIPES.values():
+        assert set(recipe.players.values()) == {"policy", "reflector"}
+    assert RECIPES["auto_explore"].players == {"reflector": "reflector", "reflector_positive": "reflector",
+                                               "policy": "policy", "plain": "policy", "policy_positive": "policy"}
+    renamed = {role: dataclasses.replace(spec, file=f"{role}_texts.jsonl") if role.startswith("reflector")
+               else dataclasses.replace(spec, file=f"sft_reflection_{role}.jsonl")
+               for role, spec in auto_explore.PRETRAINED_SFT.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(auto_explore, "PRETRAINED_SFT", renamed)
+        sft = auto_explore.answering("command")["sft"]
+    assert {role for role, spec in sft.items() if "--policy_answer=command" in spec.flags} == {
+        "policy", "plain", "policy_positive"}
+    recipe = RECIPES["taxi_pickup"]
+    with pytest.raises(ValueError, match="'plain' is read as policy and as reflector"):
+        dataclasses.replace(recipe, rows=(*recipe.rows, Row("bad", "sft:policy", "plain")))
+    with pytest.raises(ValueError, match="'spare' is read as nothing"):
+        dataclasses.replace(recipe, sft={**recipe.sft, "spare": recipe.sft["plain"]})
+
+
 @pytest.mark.slow
 def test_taxi_dropoff_runs_end_to_end_with_its_curricula_and_figure(tmp_path, monkeypatch, capsys):
     """The drop-off column at a tiny budget: the curriculum runs train pickup then drop-off, the others drop-off
