@@ -50,7 +50,7 @@ demo: $(VENV)/.stamp-demo
 test: $(VENV)/.stamp-test
 	$(PY) lock/check.py lock/test.txt
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=20 $(PYTEST_ARGS)
 	@if [ "$(PORTABLE_LEG)" = 1 ]; then echo "The portable leg: the cpu_path tests on the AVX2 path"; \
 		REFLECTRL_PORTABLE_LEG=1 $(PY) -m utils.cpu $(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m cpu_path; fi
 
