@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import demo
-from prompts import LABELS
+from prompts import LABELS, shown_menu
 from recipes import DEFAULT, RECIPES
 from recipes.auto_explore import HOLDOUT_REPO
 from recipes.base import RUNNER_BUDGET, Row
@@ -71,8 +71,17 @@ def test_auto_explore_labels_are_the_papers_in_order_for_sft_and_evaluation_and_
         stages.call(main, argv)
     texts = [json.loads(line)["text"] for line in (tmp_path / "sft_policy.jsonl").read_text().splitlines()]
     for text in texts:
-        menu = text.rsplit("# Choose from below your command\n", 1)[1].split(" # Action:", 1)[0].splitlines()
-        assert [line.split(". ", 1)[0] for line in menu] == list(LABELS[: len(menu)])
+        menu = shown_menu(text, LABELS)
+        assert menu and [label for label, _ in menu] == list(LABELS[: len(menu)])
+    # with random labels the policies' texts change and the reflectors' do not, byte for byte: a data step run again
+    # for such a flag keeps the reflectors' SFT (keyed by its texts' bytes, tests/test_stage_keys.py)
+    shuffled = tmp_path / "shuffled"
+    for main, argv in recipe.data(recipe, 0, shuffled):
+        stages.call(main, [*argv, "--shuffle_action"] if main.__module__.endswith(".gen_sft") else argv)
+    for name in ("sft_reflection.jsonl", "sft_reflection_positive.jsonl"):
+        assert (shuffled / name).read_bytes() == (tmp_path / name).read_bytes(), name
+    for name in ("sft_policy.jsonl", "sft_policy_positive.jsonl", "sft.jsonl"):
+        assert (shuffled / name).read_bytes() != (tmp_path / name).read_bytes(), name
 
 
 @pytest.mark.slow
@@ -386,8 +395,7 @@ def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypat
     """The AutoExplore column's recipe for a pretrained model (``demo.py --task auto_explore --model_name ...``) at a
     tiny budget, on tiny-gpt2 under its LoRA adapter: its model flags (sdpa attention), its SFT flags (no dropout),
     its two SFT streams with the RL runs going on in them, its checkpoints every few steps, six rows on both depths;
-    then the same command again reads the seed back, and a changed RL budget re-runs the RL runs and the evaluation
-    only."""
+    then the same command again keeps every stage."""
     from recipes import auto_explore
     from tests.test_demo import ONE_PROCESS
 
@@ -420,28 +428,12 @@ def test_the_pretrained_auto_explore_recipe_plays_end_to_end(tmp_path, monkeypat
     # a checkpoint every step (save_every=1): the first one is kept beside the last, to resume from
     assert (next((seed / "runs" / "sft-policy").glob("*_supervised_pretrain")) / "checkpoint-1").is_dir()
     tokens = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
-
-    bigger = dataclasses.replace(small, budget={**small.budget, "rl_learning_rate": 1e-4})
-    monkeypatch.setattr(auto_explore, "on_pretrained", lambda model_name: bigger)
+    # the same command again reads every stage back (what a changed setting runs again: tests/test_stage_keys.py)
+    (seed / demo.FINISHED).unlink()
     assert demo.main(command) == 0
-    again = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
-    changed = sorted(name for name in again if again[name] != tokens.get(name))
-    assert changed and all(name.startswith(("rl-", "evaluation")) for name in changed), changed
-    assert all(again[name] == tokens[name] for name in tokens if name.startswith(("sft-", "data")))
-
-    # a data step that writes the policies' texts otherwise (random labels) and the reflectors' alike: the
-    # reflectors' SFT is kept (keyed by its texts' bytes), the policies' runs again, and what reads them
-    from data_gen.auto_explore import gen_sft
-
-    def shuffled(recipe, seed, out):
-        return [(main, [*argv, "--shuffle_action"] if main is gen_sft.main else argv)
-                for main, argv in auto_explore.data(recipe, seed, out)]
-
-    monkeypatch.setattr(auto_explore, "on_pretrained", lambda model_name: dataclasses.replace(bigger, data=shuffled))
-    assert demo.main(command) == 0
-    third = {marker.name: json.loads(marker.read_text())["token"] for marker in (seed / "logs").glob("*.done.json")}
-    kept = sorted(name for name in third if third[name] == again.get(name))
-    assert kept == ["sft-reflector.done.json", "sft-reflector_positive.done.json"], kept
+    assert {marker.name: json.loads(marker.read_text())["token"]
+            for marker in (seed / "logs").glob("*.done.json")} == tokens
+    assert json.loads((seed / demo.FINISHED).read_text())["run"]["results"] == run["results"]
 
 
 def test_some_rows_keep_the_stages_they_read_in_the_streams_they_had():
