@@ -10,11 +10,14 @@ import numpy as np
 def figures(episodes) -> dict:
     """Success rate, average cost and length of ``episodes``, how many they are, and how many distinct
     held-out units (the options they were reset with: an AutoExplore task, an ALFWorld problem; a Taxi
-    level is one unit whose episodes differ by seed) they repeat."""
-    units = {json.dumps(e.options, sort_keys=True, default=str) for e in episodes}
+    level is one unit whose episodes differ by seed) they repeat, with each unit's success rate (``unit_success``,
+    in the order first played: what an interval over the units reads, runner/report.py)."""
+    units: dict[str, list[bool]] = {}
+    for e in episodes:
+        units.setdefault(json.dumps(e.options, sort_keys=True, default=str), []).append(bool(e.success))
     return {"success": float(np.mean([e.success for e in episodes])), "cost": float(np.mean([e.cost for e in episodes])),
             "episodes": len(episodes), "steps": float(np.mean([len(e.decisions) for e in episodes])),
-            "units": len(units)}
+            "units": len(units), "unit_success": [float(np.mean(found)) for found in units.values()]}
 
 
 def summarise(episodes) -> dict:

@@ -229,6 +229,31 @@ def test_levels_are_listed_in_the_order_of_the_held_out_units():
     assert header.index("pickup") < header.index("dropoff") < header.index("full")
 
 
+def test_replayed_tasks_get_an_interval_over_the_tasks_not_the_episodes():
+    """8 tasks each played 13 times, 3 of them always solved: 104 episodes, but 8 samples. The table's interval is
+    the tasks' (about 36 points), not the episodes' (about 9); Taxi's seeds, each episode a draw of its own, keep the
+    episodes' interval."""
+    import dataclasses
+
+    from recipes import RECIPES
+    from runner.report import interval, paper_table, success_interval
+
+    episodes = [Episode(seed=rep, options={"task": task}, level="depth 1", success=task < 3, cost=1.0)
+                for task in range(8) for rep in range(13)]
+    figure = summarise(episodes)["depth 1"]
+    assert figure["units"] == 8 and figure["unit_success"] == [1.0] * 3 + [0.0] * 5 and figure["episodes"] == 104
+    explore = RECIPES["auto_explore"]
+    assert success_interval(explore, figure) == pytest.approx(1.96 * 0.5175 / 8 ** 0.5, rel=1e-3)  # 0.359
+    assert interval(figure["success"], 104) == pytest.approx(0.093, abs=1e-3)
+    one = dataclasses.replace(explore, evaluations={"held-out": explore.evaluations["held-out"]})
+    table = paper_table(one, [{"name": "Reflect-RL", "levels": {"depth 1": figure, "depth 2": figure}}])
+    assert "37.5% ± 35.9 (104)" in table
+    old = {key: value for key, value in figure.items() if key != "unit_success"}  # a results.json from before
+    assert success_interval(explore, old) == interval(figure["success"], 104)
+    taxi = summarise([Episode(seed=i, options={}, level="pickup", success=i % 4 == 0, cost=1.0) for i in range(100)])
+    assert success_interval(RECIPES["taxi_pickup"], taxi["pickup"]) == interval(0.25, 100)
+
+
 # --- kill -9 halfway, then the same command -------------------------------------------------------------
 
 @pytest.mark.slow
