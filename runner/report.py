@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from recipes.base import Recipe
+from recipes.base import REFLECT_RL, Recipe
 
 
 def accuracy_table(accuracy: dict[str, list]) -> str:
@@ -31,10 +31,41 @@ def success_interval(recipe: Recipe, figure: dict) -> float:
     standard error of their mean (each task played as often, so their mean is the level's rate). With a handful of
     tasks this is much wider than the episodes' interval, and still a little narrow (Student's t for 8 tasks: 2.36,
     not 1.96). A figure from before the tasks' rates were recorded gets the episodes' interval."""
-    rates = figure.get("unit_success") or []
+    rates = list((figure.get("unit_success") or {}).values())
     if not recipe.budget.get("eval_level_episodes") or len(rates) < 2:
         return interval(figure["success"], figure["episodes"])
     return 1.96 * float(np.std(rates, ddof=1)) / math.sqrt(len(rates))
+
+
+def paired_gaps(recipe: Recipe, results: list[dict], against: str = REFLECT_RL) -> str:
+    """Where the recipe replays a few tasks a level (``eval_level_episodes``), ``against`` minus each other row, per
+    column: the mean over the tasks both played of the difference of their success rates, ± the 95% interval of
+    that mean (normal approximation over the tasks). Every row plays the same tasks, so the paired gap tells two
+    rows apart where their own intervals (:func:`success_interval`), each spanning the tasks' spread, overlap.
+    Empty where there is nothing to pair; else the table and a blank line."""
+    rows = {result["name"]: result["levels"] for result in results}
+    if not recipe.budget.get("eval_level_episodes") or against not in rows:
+        return ""
+    lines = []
+    for name, levels in rows.items():
+        cells = []
+        for level, _ in columns(recipe):
+            mine, theirs = (rows[against].get(level) or {}).get("unit_success"), (levels.get(level) or {}).get(
+                "unit_success")
+            shared = sorted(set(mine or {}) & set(theirs or {}))
+            if len(shared) < 2:
+                cells.append("–")
+                continue
+            gaps = np.array([mine[unit] - theirs[unit] for unit in shared])
+            half = 1.96 * float(np.std(gaps, ddof=1)) / math.sqrt(len(gaps))
+            cells.append(f"{100 * gaps.mean():+.1f} ± {100 * half:.1f} ({len(gaps)})")
+        if name != against and any(cell != "–" for cell in cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    head = [f"{against} minus each row, paired over the tasks both played (points ± 95%, tasks):", "",
+            "| minus | " + " | ".join(title for _, title in columns(recipe)) + " |", "|---|" + "---:|" * len(columns(recipe))]
+    return "\n".join(head + lines) + "\n\n"  # a paragraph of its own
 
 
 def columns(recipe: Recipe) -> list[tuple[str, str]]:
@@ -97,6 +128,7 @@ def seeds_report(recipe: Recipe, runs: dict[int, dict]) -> str:
                 lines.append(f"| {row} | {cells} | {np.mean(values):.1f}% | {min(values):.1f}–{max(values):.1f} |")
         lines.append("")
     per_seed = "\n".join(f"## Seed {s}\n\n{paper_table(recipe, run['results'])}\n"
+                         f"{paired_gaps(recipe, run['results'])}"
                          f"{accuracy_table(run['reflector_accuracy']) if run['reflector_accuracy'] else ''}"
                          for s, run in runs.items())
     first = next(iter(runs.values()))["results"]

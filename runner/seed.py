@@ -18,7 +18,7 @@ from recipes.base import Evaluation, Recipe
 from rl_algorithms.defaults import replays
 from runner import stages
 from runner.markers import done_marker, once, recalled, remembered, say
-from runner.report import accuracy_table, episodes_note, level_prefix, paper_table
+from runner.report import accuracy_table, episodes_note, level_prefix, paired_gaps, paper_table
 from runner.stages import (
     WORKERS,
     LatestRun,
@@ -250,7 +250,7 @@ def run_seed(recipe: Recipe, seed: int, folder: Path, workers: int = WORKERS, co
     total = time.time() - started
     report = (f"# Reflect-RL demo: {recipe.title}, {recipe.model_label}, offline, training seed {seed}\n\n"
               f"{paper_table(full, results)}\n{episodes_note(full, results)} per row (the same for every row and seed); "
-              f"actions sampled at temperature 1, reflections greedy.\n\n"
+              f"actions sampled at temperature 1, reflections greedy.\n\n{paired_gaps(full, results)}"
               f"{accuracy_table(accuracy) if accuracy else ''}\n"
               "Episodes played in RL training: " + ", ".join(f"{name} {n}" for name, n in played.items()) + "\n\n"
               f"Training curves: {curves}" + "".join(f", {folder / figure.file}" for figure in recipe.figures) + "\n\n"

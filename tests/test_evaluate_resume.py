@@ -16,7 +16,7 @@ import yaml
 
 from evaluation import evaluate
 from evaluation.configs import load_configs
-from evaluation.report import markdown_table, summarise
+from evaluation.report import markdown_table, summarise, unit_id
 from experiment_args import parse_args, run_script
 from rollout import Episode
 from tests.conftest import REPO
@@ -241,7 +241,9 @@ def test_replayed_tasks_get_an_interval_over_the_tasks_not_the_episodes():
     episodes = [Episode(seed=rep, options={"task": task}, level="depth 1", success=task < 3, cost=1.0)
                 for task in range(8) for rep in range(13)]
     figure = summarise(episodes)["depth 1"]
-    assert figure["units"] == 8 and figure["unit_success"] == [1.0] * 3 + [0.0] * 5 and figure["episodes"] == 104
+    assert figure["units"] == 8 and figure["episodes"] == 104
+    assert list(figure["unit_success"].values()) == [1.0] * 3 + [0.0] * 5
+    assert list(figure["unit_success"]) == [unit_id({"task": task}) for task in range(8)]  # the same for every row
     explore = RECIPES["auto_explore"]
     assert success_interval(explore, figure) == pytest.approx(1.96 * 0.5175 / 8 ** 0.5, rel=1e-3)  # 0.359
     assert interval(figure["success"], 104) == pytest.approx(0.093, abs=1e-3)
@@ -252,6 +254,35 @@ def test_replayed_tasks_get_an_interval_over_the_tasks_not_the_episodes():
     assert success_interval(explore, old) == interval(figure["success"], 104)
     taxi = summarise([Episode(seed=i, options={}, level="pickup", success=i % 4 == 0, cost=1.0) for i in range(100)])
     assert success_interval(RECIPES["taxi_pickup"], taxi["pickup"]) == interval(0.25, 100)
+
+
+def test_two_rows_are_told_apart_by_their_gap_paired_over_the_tasks():
+    """Reflect-RL solves tasks 0-4 of 8, SFT only tasks 0-1: each row's own interval over the tasks is wide and they
+    overlap, but every task either is solved by both or only by Reflect-RL, so the paired gap, +37.5, has an
+    interval of its own (±35.9) clear of 0. A recipe that does not replay tasks (Taxi) gets no such table."""
+    import dataclasses
+
+    from recipes import RECIPES
+    from runner.report import paired_gaps, success_interval
+
+    def row(name, solved):
+        episodes = [Episode(seed=rep, options={"task": task}, level=level, success=task < solved, cost=1.0)
+                    for level in ("depth 1", "depth 2") for task in range(8) for rep in range(13)]
+        return {"name": name, "levels": summarise(episodes)}
+
+    explore = RECIPES["auto_explore"]
+    explore = dataclasses.replace(explore, evaluations={"held-out": explore.evaluations["held-out"]})
+    results = [row("SFT only", 2), row("RLFT only", 5), row("Reflect-RL", 5)]
+    one, other = results[0]["levels"]["depth 1"], results[2]["levels"]["depth 1"]
+    assert other["success"] - one["success"] < success_interval(explore, one) + success_interval(explore, other)
+    table = paired_gaps(explore, results)
+    assert "| SFT only | +37.5 ± 35.9 (8) | +37.5 ± 35.9 (8) |" in table
+    assert "| RLFT only | +0.0 ± 0.0 (8) |" in table and "| Reflect-RL |" not in table
+    assert table.endswith("|\n\n")
+    assert paired_gaps(explore, results[:2]) == ""  # no Reflect-RL row
+    taxi = [{"name": name, "levels": summarise([Episode(seed=i, options={}, level="pickup", success=i < 3, cost=1.0)
+                                                for i in range(10)])} for name in ("SFT only", "Reflect-RL")]
+    assert paired_gaps(RECIPES["taxi_pickup"], taxi) == ""
 
 
 # --- kill -9 halfway, then the same command -------------------------------------------------------------
