@@ -12,7 +12,7 @@ def figures(episodes) -> dict:
     """Success rate, average cost and length of ``episodes``, how many they are, and how many distinct
     held-out units (the options they were reset with: an AutoExplore task, an ALFWorld problem; a Taxi
     level is one unit whose episodes differ by seed) they repeat, with each unit's success rate (``unit_success``,
-    in the order first played: what an interval over the units reads, runner/report.py)."""
+    by :func:`unit_id`: what an interval over the units, and two rows paired unit by unit, read in runner/report.py)."""
     units: dict[str, list[bool]] = {}
     for e in episodes:
         units.setdefault(unit_id(e.options), []).append(bool(e.success))

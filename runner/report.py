@@ -23,48 +23,57 @@ def interval(p: float, n: int) -> float:
     return 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
+def replays_tasks(recipe: Recipe) -> bool:
+    """Whether the recipe replays a few tasks to reach its episodes a level (``eval_level_episodes``: AutoExplore's
+    8-13 test tasks a depth, ALFWorld's 4 trials), so that its episodes are not independent draws."""
+    return bool(recipe.budget.get("eval_level_episodes"))
+
+
+def mean_interval(values) -> float:
+    """Half-width of the normal-approximation 95% interval of the mean of ``values`` (at least two), one a task."""
+    return 1.96 * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+
+
 def success_interval(recipe: Recipe, figure: dict) -> float:
     """Half-width of the 95% interval of a level's success rate. Over its episodes, where they are independent draws
-    (Taxi's held-out seeds); over its tasks where the recipe replays a few tasks to reach its episodes a level
-    (``eval_level_episodes``: AutoExplore's 8-13 test tasks a depth, each played 8-13 times by a near-greedy policy,
-    whose replays of one task mostly repeat its first): the normal approximation over the tasks' success rates, the
-    standard error of their mean (each task played as often, so their mean is the level's rate). With a handful of
-    tasks this is much wider than the episodes' interval, and still a little narrow (Student's t for 8 tasks: 2.36,
-    not 1.96). A figure from before the tasks' rates were recorded gets the episodes' interval."""
+    (Taxi's held-out seeds); over its tasks where the recipe replays them (:func:`replays_tasks`; a near-greedy
+    policy's replays of one task mostly repeat its first): the interval of the mean of the tasks' success rates
+    (each task played as often, so their mean is the level's rate). With a handful of tasks this is much wider than
+    the episodes' interval, and still a little narrow (Student's t for 8 tasks: 2.36, not 1.96). A figure from
+    before the tasks' rates were recorded gets the episodes' interval."""
     rates = list((figure.get("unit_success") or {}).values())
-    if not recipe.budget.get("eval_level_episodes") or len(rates) < 2:
+    if not replays_tasks(recipe) or len(rates) < 2:
         return interval(figure["success"], figure["episodes"])
-    return 1.96 * float(np.std(rates, ddof=1)) / math.sqrt(len(rates))
+    return mean_interval(rates)
 
 
 def paired_gaps(recipe: Recipe, results: list[dict], against: str = REFLECT_RL) -> str:
-    """Where the recipe replays a few tasks a level (``eval_level_episodes``), ``against`` minus each other row, per
-    column: the mean over the tasks both played of the difference of their success rates, ± the 95% interval of
-    that mean (normal approximation over the tasks). Every row plays the same tasks, so the paired gap tells two
-    rows apart where their own intervals (:func:`success_interval`), each spanning the tasks' spread, overlap.
-    Empty where there is nothing to pair; else the table and a blank line."""
+    """Where the recipe replays its tasks (:func:`replays_tasks`), ``against`` minus each other row, per column: the
+    mean over the tasks both played of the difference of their success rates, ± the 95% interval of that mean.
+    Every row plays the same tasks, so the paired gap tells two rows apart where their own intervals
+    (:func:`success_interval`), each spanning the tasks' spread, overlap. Empty where there is nothing to pair;
+    else the table and a blank line."""
     rows = {result["name"]: result["levels"] for result in results}
-    if not recipe.budget.get("eval_level_episodes") or against not in rows:
+    if not replays_tasks(recipe) or against not in rows:
         return ""
+    table = columns(recipe)
+    base = {level: (rows[against].get(level) or {}).get("unit_success") or {} for level, _ in table}
     lines = []
     for name, levels in rows.items():
+        if name == against:
+            continue
         cells = []
-        for level, _ in columns(recipe):
-            mine, theirs = (rows[against].get(level) or {}).get("unit_success"), (levels.get(level) or {}).get(
-                "unit_success")
-            shared = sorted(set(mine or {}) & set(theirs or {}))
-            if len(shared) < 2:
-                cells.append("–")
-                continue
-            gaps = np.array([mine[unit] - theirs[unit] for unit in shared])
-            half = 1.96 * float(np.std(gaps, ddof=1)) / math.sqrt(len(gaps))
-            cells.append(f"{100 * gaps.mean():+.1f} ± {100 * half:.1f} ({len(gaps)})")
-        if name != against and any(cell != "–" for cell in cells):
+        for level, _ in table:
+            theirs = (levels.get(level) or {}).get("unit_success") or {}
+            gaps = [base[level][unit] - theirs[unit] for unit in sorted(set(base[level]) & set(theirs))]
+            cells.append(f"{100 * np.mean(gaps):+.1f} ± {100 * mean_interval(gaps):.1f} ({len(gaps)})"
+                         if len(gaps) >= 2 else "–")
+        if any(cell != "–" for cell in cells):
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if not lines:
         return ""
     head = [f"{against} minus each row, paired over the tasks both played (points ± 95%, tasks):", "",
-            "| minus | " + " | ".join(title for _, title in columns(recipe)) + " |", "|---|" + "---:|" * len(columns(recipe))]
+            "| minus | " + " | ".join(title for _, title in table) + " |", "|---|" + "---:|" * len(table)]
     return "\n".join(head + lines) + "\n\n"  # a paragraph of its own
 
 
@@ -138,10 +147,12 @@ def seeds_report(recipe: Recipe, runs: dict[int, dict]) -> str:
 def episodes_note(recipe: Recipe, results: list[dict]) -> str:
     """How many held-out episodes stand behind each figure: the recipe's repetitions, or (with a per-level
     minimum) each column's episodes and the distinct tasks they repeat."""
-    if not recipe.budget.get("eval_level_episodes"):
+    if not replays_tasks(recipe):
         return f"{recipe.budget['eval_episodes']} held-out episodes"
     levels = results[0]["levels"]
+    shown = [level for level, _ in columns(recipe) if level in levels]
     cells = [f"{title}: {levels[level]['episodes']} episodes of {levels[level]['units']} distinct tasks"
              for level, title in columns(recipe) if level in levels]
-    return ("Held-out episodes (" + "; ".join(cells) + "); each ± is a 95% interval over the tasks, whose replays "
-            "are not independent draws")
+    over_tasks = all(len(levels[level].get("unit_success") or {}) >= 2 for level in shown)  # as success_interval
+    return "Held-out episodes (" + "; ".join(cells) + ")" + (
+        "; each ± is a 95% interval over the tasks, whose replays are not independent draws" if over_tasks else "")

@@ -236,7 +236,7 @@ def test_replayed_tasks_get_an_interval_over_the_tasks_not_the_episodes():
     import dataclasses
 
     from recipes import RECIPES
-    from runner.report import interval, paper_table, success_interval
+    from runner.report import episodes_note, interval, paper_table, success_interval
 
     episodes = [Episode(seed=rep, options={"task": task}, level="depth 1", success=task < 3, cost=1.0)
                 for task in range(8) for rep in range(13)]
@@ -252,6 +252,9 @@ def test_replayed_tasks_get_an_interval_over_the_tasks_not_the_episodes():
     assert "37.5% ± 35.9 (104)" in table
     old = {key: value for key, value in figure.items() if key != "unit_success"}  # a results.json from before
     assert success_interval(explore, old) == interval(figure["success"], 104)
+    assert episodes_note(one, [{"levels": {"depth 1": figure, "depth 2": figure}}]).endswith(
+        "each ± is a 95% interval over the tasks, whose replays are not independent draws")
+    assert "over the tasks" not in episodes_note(one, [{"levels": {"depth 1": old, "depth 2": old}}])
     taxi = summarise([Episode(seed=i, options={}, level="pickup", success=i % 4 == 0, cost=1.0) for i in range(100)])
     assert success_interval(RECIPES["taxi_pickup"], taxi["pickup"]) == interval(0.25, 100)
 
